@@ -1,0 +1,270 @@
+//! Activation quantization: BitNet b1.58's per-token absmax int8 (A8), the sums the
+//! unsigned-code trick needs, and bit-planes for the XNOR/popcount kernels.
+//!
+//! The unsigned-code trick: ternary weights are stored as codes `c = w + 1` ∈ {0, 1, 2}, which
+//! are valid unsigned operands of `vpdpbusd` / `vpmaddubsw`, and `dot(w, x) = dot(c, x) − sum(x)`.
+//! So each token keeps `sum(x)` over K and per 256-weight block (for the block-scaled formats).
+
+use crate::aligned::AlignedBytes;
+use crate::error::{Error, Result};
+
+/// Activations are stored padded with zeros to a multiple of this many columns, so every kernel
+/// can read whole 256-wide blocks; zeros contribute nothing to any dot product.
+pub const ACT_PAD: usize = 256;
+/// Bit-planes of an int8 value (two's complement).
+pub const ACT_PLANES: usize = 8;
+/// Weight of plane p in two's complement: 2^p for p < 7, −128 for the sign plane.
+pub const PLANE_WEIGHTS: [i32; ACT_PLANES] = [1, 2, 4, 8, 16, 32, 64, -128];
+
+/// A batch of B quantized activation vectors of length K, with preallocated storage, so that
+/// quantizing a new batch of the same shape allocates nothing.
+#[derive(Debug, Clone)]
+pub struct ActivationBatch {
+    batch: usize,
+    cols: usize,
+    padded: usize,
+    words: usize,
+    /// `[batch, padded]` int8, zero beyond `cols`.
+    values: AlignedBytes,
+    /// `[batch]`: x ≈ q × scale (scale = absmax / 127).
+    scales: Vec<f32>,
+    /// `[batch]`: Σ q over K.
+    sums: Vec<i32>,
+    /// `[batch, padded / 256]`: Σ q over each 256-column block.
+    block_sums: Vec<i32>,
+    /// `[batch, 8, words]`: bit p of every q, packed 64 per word; filled by `build_planes`.
+    planes: Vec<u64>,
+    /// `[batch, 8]`: popcount of each plane.
+    plane_counts: Vec<u32>,
+    planes_ready: bool,
+}
+
+/// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
+/// bitnet.cpp's `nearest_int` and PyTorch's `round` do.
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 × 2^23
+    (v + MAGIC) - MAGIC
+}
+
+impl ActivationBatch {
+    /// Storage for `batch` vectors of `cols` values.
+    pub fn new(batch: usize, cols: usize) -> Result<Self> {
+        if batch == 0 || cols == 0 {
+            return Err(Error::Shape(format!("activation batch needs batch > 0 and K > 0, got {batch}×{cols}")));
+        }
+        let padded = cols.div_ceil(ACT_PAD) * ACT_PAD;
+        let words = padded / 64;
+        Ok(Self {
+            batch,
+            cols,
+            padded,
+            words,
+            values: AlignedBytes::zeroed(batch * padded),
+            scales: vec![0.0; batch],
+            sums: vec![0; batch],
+            block_sums: vec![0; batch * padded / ACT_PAD],
+            planes: vec![0; batch * ACT_PLANES * words],
+            plane_counts: vec![0; batch * ACT_PLANES],
+            planes_ready: false,
+        })
+    }
+
+    /// Quantizes `x` (`[batch, cols]` f32) per token: scale = absmax / 127,
+    /// q = round_half_even(x / scale) ∈ [−127, 127]. An all-zero (or non-finite-free zero) token
+    /// gets scale 0 and q = 0. Allocates nothing.
+    pub fn quantize(&mut self, x: &[f32]) -> Result<()> {
+        if x.len() != self.batch * self.cols {
+            return Err(Error::Shape(format!(
+                "activations: expected {}×{} = {} floats, got {}",
+                self.batch,
+                self.cols,
+                self.batch * self.cols,
+                x.len()
+            )));
+        }
+        let (cols, padded) = (self.cols, self.padded);
+        for b in 0..self.batch {
+            let src = &x[b * cols..(b + 1) * cols];
+            let absmax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let dst = &mut self.values.as_i8_mut()[b * padded..b * padded + cols];
+            if absmax > 0.0 && absmax.is_finite() {
+                let inv = 127.0 / absmax;
+                for (q, v) in dst.iter_mut().zip(src) {
+                    *q = round_even(v * inv).clamp(-127.0, 127.0) as i8;
+                }
+                self.scales[b] = absmax / 127.0;
+            } else {
+                dst.fill(0);
+                self.scales[b] = 0.0;
+            }
+        }
+        self.finish();
+        Ok(())
+    }
+
+    /// Sets already-quantized values directly (`q`: `[batch, cols]`, `scales`: `[batch]`), for
+    /// tests of extreme activations and for callers with their own quantizer.
+    pub fn set_quantized(&mut self, q: &[i8], scales: &[f32]) -> Result<()> {
+        if q.len() != self.batch * self.cols || scales.len() != self.batch {
+            return Err(Error::Shape(format!(
+                "activations: expected {} values and {} scales, got {} and {}",
+                self.batch * self.cols,
+                self.batch,
+                q.len(),
+                scales.len()
+            )));
+        }
+        let (cols, padded) = (self.cols, self.padded);
+        for b in 0..self.batch {
+            self.values.as_i8_mut()[b * padded..b * padded + cols].copy_from_slice(&q[b * cols..(b + 1) * cols]);
+        }
+        self.scales.copy_from_slice(scales);
+        self.finish();
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        let nblk = self.padded / ACT_PAD;
+        for b in 0..self.batch {
+            let q = &self.values.as_i8()[b * self.padded..(b + 1) * self.padded];
+            let mut total = 0i32;
+            for (blk, chunk) in q.chunks_exact(ACT_PAD).enumerate() {
+                let s: i32 = chunk.iter().map(|v| *v as i32).sum();
+                self.block_sums[b * nblk + blk] = s;
+                total += s;
+            }
+            self.sums[b] = total;
+        }
+        self.planes_ready = false;
+    }
+
+    /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
+    /// q = Σ_p PLANE_WEIGHTS[p] × bit_p(q).
+    pub fn build_planes(&mut self) {
+        let words = self.words;
+        for b in 0..self.batch {
+            let q = &self.values.as_slice()[b * self.padded..(b + 1) * self.padded];
+            let planes = &mut self.planes[b * ACT_PLANES * words..(b + 1) * ACT_PLANES * words];
+            for (w, chunk) in q.chunks_exact(64).enumerate() {
+                let mut acc = [0u64; ACT_PLANES];
+                for (i, &v) in chunk.iter().enumerate() {
+                    for (p, a) in acc.iter_mut().enumerate() {
+                        *a |= (((v >> p) & 1) as u64) << i;
+                    }
+                }
+                for p in 0..ACT_PLANES {
+                    planes[p * words + w] = acc[p];
+                }
+            }
+            for p in 0..ACT_PLANES {
+                self.plane_counts[b * ACT_PLANES + p] =
+                    planes[p * words..(p + 1) * words].iter().map(|w| w.count_ones()).sum();
+            }
+        }
+        self.planes_ready = true;
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    /// K.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// K rounded up to a multiple of 256: the stride between tokens.
+    pub fn padded_cols(&self) -> usize {
+        self.padded
+    }
+    /// 64-bit words per bit-plane.
+    pub fn plane_words(&self) -> usize {
+        self.words
+    }
+    /// Token `b`'s int8 values, `padded_cols` long (zeros beyond `cols`).
+    #[inline]
+    pub fn token(&self, b: usize) -> &[i8] {
+        &self.values.as_i8()[b * self.padded..(b + 1) * self.padded]
+    }
+    #[inline]
+    pub fn scale(&self, b: usize) -> f32 {
+        self.scales[b]
+    }
+    #[inline]
+    pub fn sum(&self, b: usize) -> i32 {
+        self.sums[b]
+    }
+    /// Token `b`'s sums per 256-column block.
+    #[inline]
+    pub fn block_sums(&self, b: usize) -> &[i32] {
+        let n = self.padded / ACT_PAD;
+        &self.block_sums[b * n..(b + 1) * n]
+    }
+    pub fn planes_ready(&self) -> bool {
+        self.planes_ready
+    }
+    /// Token `b`'s bit-planes, `[8, plane_words]`; valid after `build_planes`.
+    #[inline]
+    pub fn planes(&self, b: usize) -> &[u64] {
+        &self.planes[b * ACT_PLANES * self.words..(b + 1) * ACT_PLANES * self.words]
+    }
+    /// Token `b`'s popcount per plane; valid after `build_planes`.
+    #[inline]
+    pub fn plane_counts(&self, b: usize) -> &[u32] {
+        &self.plane_counts[b * ACT_PLANES..(b + 1) * ACT_PLANES]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absmax_quantization_and_sums() {
+        let mut a = ActivationBatch::new(2, 300).unwrap();
+        let mut x: Vec<f32> = (0..600).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        x[300..].fill(0.0);
+        a.quantize(&x).unwrap();
+        let absmax = x[..300].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert_eq!(a.scale(0), absmax / 127.0);
+        for (k, v) in x[..300].iter().enumerate() {
+            let q = a.token(0)[k] as f32;
+            assert!((q * a.scale(0) - v).abs() <= a.scale(0) * 0.5 + 1e-6);
+        }
+        assert!(a.token(0)[300..].iter().all(|v| *v == 0));
+        assert_eq!(a.sum(0), a.token(0).iter().map(|v| *v as i32).sum::<i32>());
+        assert_eq!(a.block_sums(0).iter().sum::<i32>(), a.sum(0));
+        assert_eq!((a.scale(1), a.sum(1)), (0.0, 0));
+        assert_eq!(a.token(0).iter().map(|v| v.unsigned_abs()).max(), Some(127));
+    }
+
+    #[test]
+    fn ties_round_to_even() {
+        let mut a = ActivationBatch::new(1, 4).unwrap();
+        // absmax 127 → scale 1: 0.5 → 0, 1.5 → 2, -2.5 → -2
+        a.quantize(&[0.5, 1.5, -2.5, 127.0]).unwrap();
+        assert_eq!(&a.token(0)[..4], &[0, 2, -2, 127]);
+    }
+
+    #[test]
+    fn planes_recompose_values() {
+        let mut a = ActivationBatch::new(3, 130).unwrap();
+        let q: Vec<i8> = (0..390).map(|i| ((i * 73) % 255) as u8 as i8).map(|v| v.max(-127)).collect();
+        a.set_quantized(&q, &[1.0; 3]).unwrap();
+        a.build_planes();
+        let w = a.plane_words();
+        for b in 0..3 {
+            for k in 0..a.padded_cols() {
+                let v: i32 =
+                    (0..8).map(|p| PLANE_WEIGHTS[p] * ((a.planes(b)[p * w + k / 64] >> (k % 64)) & 1) as i32).sum();
+                assert_eq!(v, a.token(b)[k] as i32);
+            }
+        }
+    }
+
+    #[test]
+    fn shape_errors_name_the_sizes() {
+        let mut a = ActivationBatch::new(2, 3).unwrap();
+        assert!(matches!(a.quantize(&[0.0; 5]), Err(Error::Shape(s)) if s.contains("2×3")));
+        assert!(ActivationBatch::new(0, 3).is_err());
+    }
+}

@@ -1,0 +1,224 @@
+//! `TQ1_0`: llama.cpp's base-3 ternary block layout, byte for byte (ggml `block_tq1_0`).
+//!
+//! 256 weights in 54 bytes (1.6875 bits per weight): `qs[48]`, `qh[4]`, f16 `d`. A byte holds up
+//! to five base-3 digits `q = t + 1`, most significant first, stored as `ceil(v * 256 / 243)` so
+//! that digit `n` comes back as `((byte * 3^n mod 256) * 3) >> 8` with no division.
+//!
+//! | bytes       | digit n of byte m holds weight |
+//! |-------------|--------------------------------|
+//! | `qs[0..32]`  | `m + 32 n`, n = 0..5          |
+//! | `qs[32..48]` | `160 + m + 16 n`, n = 0..5    |
+//! | `qh[0..4]`   | `240 + m + 4 n`, n = 0..4     |
+
+use half::f16;
+
+use crate::error::{Error, Result};
+use crate::formats::tq2::{block_scale, check_qk, QK_K};
+use crate::rng::SplitMix64;
+use crate::ternary::TernaryMatrix;
+
+/// ggml's `block_tq1_0`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct BlockTq1_0 {
+    pub qs: [u8; 48],
+    pub qh: [u8; 4],
+    pub d: f16,
+}
+
+const _: () = assert!(std::mem::size_of::<BlockTq1_0>() == 54);
+
+/// Powers of three, the digit multipliers of the decode trick.
+pub const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+
+/// Where weight `i` (0..256) of a block lives: byte index into the 52 code bytes (`qs` then
+/// `qh`) and base-3 digit position n (0 = most significant).
+#[inline]
+pub fn tq1_position(i: usize) -> (usize, usize) {
+    if i < 160 {
+        (i % 32, i / 32)
+    } else if i < 240 {
+        (32 + (i - 160) % 16, (i - 160) / 16)
+    } else {
+        (48 + (i - 240) % 4, (i - 240) / 4)
+    }
+}
+
+/// Digit `n` of a packed byte, as llama.cpp decodes it.
+#[inline]
+pub fn tq1_digit(byte: u8, n: usize) -> u8 {
+    ((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8
+}
+
+/// A ternary matrix in TQ1_0 blocks, `[rows, cols / 256]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tq1Matrix {
+    rows: usize,
+    cols: usize,
+    blocks: Vec<BlockTq1_0>,
+}
+
+impl Tq1Matrix {
+    /// Packs as llama.cpp's `quantize_row_tq1_0_ref` would pack `values × scale`.
+    pub fn pack(m: &TernaryMatrix) -> Result<Self> {
+        check_qk("TQ1_0", m.rows, m.cols)?;
+        let mut blocks = Vec::with_capacity(m.rows * m.cols / QK_K);
+        for r in 0..m.rows {
+            for src in m.row(r).chunks(QK_K) {
+                blocks.push(pack_block(src, block_scale(src, m.scale)));
+            }
+        }
+        Ok(Self { rows: m.rows, cols: m.cols, blocks })
+    }
+
+    /// Random weights straight into blocks, every block with scale `scale`.
+    pub fn random(rows: usize, cols: usize, scale: f32, seed: u64) -> Result<Self> {
+        check_qk("TQ1_0", rows, cols)?;
+        let mut blocks = Vec::with_capacity(rows * cols / QK_K);
+        let mut src = [0i8; QK_K];
+        for r in 0..rows {
+            let mut g = SplitMix64::stream(seed, r as u64);
+            for _ in 0..cols / QK_K {
+                g.fill_ternary(&mut src);
+                blocks.push(pack_block(&src, f16::from_f32(scale)));
+            }
+        }
+        Ok(Self { rows, cols, blocks })
+    }
+
+    pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<BlockTq1_0>) -> Result<Self> {
+        check_qk("TQ1_0", rows, cols)?;
+        if blocks.len() != rows * cols / QK_K {
+            return Err(Error::Shape(format!(
+                "TQ1_0 {rows}×{cols} needs {} blocks, got {}",
+                rows * cols / QK_K,
+                blocks.len()
+            )));
+        }
+        Ok(Self { rows, cols, blocks })
+    }
+
+    /// Parses GGUF bytes (54 per block, row-major).
+    pub fn from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
+        check_qk("TQ1_0", rows, cols)?;
+        let need = rows * cols / QK_K * 54;
+        if bytes.len() != need {
+            return Err(Error::Shape(format!("TQ1_0 {rows}×{cols} needs {need} bytes, got {}", bytes.len())));
+        }
+        let blocks = bytes
+            .chunks_exact(54)
+            .map(|c| BlockTq1_0 {
+                qs: c[..48].try_into().expect("48-byte chunk"),
+                qh: c[48..52].try_into().expect("4-byte chunk"),
+                d: f16::from_bits(u16::from_le_bytes([c[52], c[53]])),
+            })
+            .collect();
+        Self::from_blocks(rows, cols, blocks)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.byte_len());
+        for b in &self.blocks {
+            out.extend_from_slice(&b.qs);
+            out.extend_from_slice(&b.qh);
+            out.extend_from_slice(&b.d.to_bits().to_le_bytes());
+        }
+        out
+    }
+
+    pub fn unpack(&self) -> TernaryMatrix {
+        let mut values = vec![0i8; self.rows * self.cols];
+        for (r, row) in values.chunks_mut(self.cols).enumerate() {
+            for (k, v) in row.iter_mut().enumerate() {
+                *v = self.get(r, k);
+            }
+        }
+        let scale = self.blocks.iter().map(|b| b.d.to_f32().abs()).fold(0.0, f32::max);
+        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale }
+    }
+
+    /// Ternary value at (row, col), decoded the plain way (the oracle's accessor). A byte value
+    /// whose digit decodes to 3 cannot be produced by the quantizer; it is clamped to +1 as
+    /// llama.cpp's kernels effectively do not, so such bytes are treated as +1 everywhere here.
+    #[inline]
+    pub fn get(&self, row: usize, col: usize) -> i8 {
+        let b = &self.blocks[row * self.blocks_per_row() + col / QK_K];
+        let (byte, n) = tq1_position(col % QK_K);
+        let packed = if byte < 48 { b.qs[byte] } else { b.qh[byte - 48] };
+        tq1_digit(packed, n) as i8 - 1
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn blocks_per_row(&self) -> usize {
+        self.cols / QK_K
+    }
+    pub fn row(&self, r: usize) -> &[BlockTq1_0] {
+        let n = self.blocks_per_row();
+        &self.blocks[r * n..(r + 1) * n]
+    }
+    pub fn blocks(&self) -> &[BlockTq1_0] {
+        &self.blocks
+    }
+    pub fn byte_len(&self) -> usize {
+        self.blocks.len() * std::mem::size_of::<BlockTq1_0>()
+    }
+}
+
+fn pack_block(src: &[i8], d: f16) -> BlockTq1_0 {
+    let mut v = [0u16; 52];
+    for (i, &w) in src.iter().enumerate() {
+        let (byte, n) = tq1_position(i);
+        // Digit n of 5 (most significant first); qh bytes use only 4 digits, the 5th stays 0.
+        v[byte] += (w + 1) as u16 * 3u16.pow(4 - n as u32);
+    }
+    // ceil(v × 256 / 243), as llama.cpp writes it: (v * 256 + 242) / 243.
+    let enc = |v: u16| (v * 256).div_ceil(243) as u8;
+    let mut qs = [0u8; 48];
+    let mut qh = [0u8; 4];
+    for (i, q) in qs.iter_mut().enumerate() {
+        *q = enc(v[i]);
+    }
+    for (i, q) in qh.iter_mut().enumerate() {
+        *q = enc(v[48 + i]);
+    }
+    BlockTq1_0 { qs, qh, d }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_position_is_used_once() {
+        let mut seen = [[false; 5]; 52];
+        for i in 0..256 {
+            let (b, n) = tq1_position(i);
+            assert!(!seen[b][n]);
+            seen[b][n] = true;
+        }
+    }
+
+    #[test]
+    fn digit_decode_inverts_encode_for_all_values() {
+        for v in 0u16..243 {
+            let byte = (v * 256).div_ceil(243) as u8;
+            let digits: Vec<u8> = (0..5).map(|n| tq1_digit(byte, n)).collect();
+            let back = digits.iter().fold(0u16, |acc, d| acc * 3 + *d as u16);
+            assert_eq!(back, v, "v {v} byte {byte} digits {digits:?}");
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = TernaryMatrix::random(3, 512, 0.5, 11);
+        let p = Tq1Matrix::pack(&m).unwrap();
+        assert_eq!(p.byte_len(), 3 * 2 * 54);
+        assert_eq!(p.unpack(), m);
+        assert_eq!(Tq1Matrix::from_bytes(3, 512, &p.to_bytes()).unwrap(), p);
+    }
+}

@@ -1,0 +1,212 @@
+//! `TQ2_0`: llama.cpp's 2-bit ternary block layout, byte for byte (ggml `block_tq2_0`).
+//!
+//! 256 weights per block: `qs[64]` then an f16 scale `d`. Weight `i` is in byte
+//! `32 * (i / 128) + i % 32` at shift `2 * ((i % 128) / 32)`, as code `t + 1`. Dequantized weight is
+//! `d * (code - 1)`. llama.cpp requires K to be a multiple of 256 and so do we.
+
+use half::f16;
+
+use crate::error::{Error, Result};
+use crate::rng::SplitMix64;
+use crate::ternary::TernaryMatrix;
+
+/// Weights per block (ggml's QK_K).
+pub const QK_K: usize = 256;
+
+/// ggml's `block_tq2_0`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct BlockTq2_0 {
+    pub qs: [u8; QK_K / 4],
+    pub d: f16,
+}
+
+const _: () = assert!(std::mem::size_of::<BlockTq2_0>() == 66);
+
+/// Byte and shift of weight `i` (0..256) of a TQ2_0 block.
+#[inline]
+pub fn tq2_position(i: usize) -> (usize, u32) {
+    (32 * (i / 128) + i % 32, 2 * ((i % 128) / 32) as u32)
+}
+
+/// Checks that K fits the 256-weight block formats.
+pub(crate) fn check_qk(format: &str, rows: usize, cols: usize) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(Error::Shape(format!("{format} matrix needs rows > 0 and cols > 0, got {rows}×{cols}")));
+    }
+    if !cols.is_multiple_of(QK_K) {
+        return Err(Error::Shape(format!(
+            "{format} needs K (columns) to be a multiple of {QK_K}, as in llama.cpp; got K = {cols}"
+        )));
+    }
+    Ok(())
+}
+
+/// The f16 block scale llama.cpp's quantizer stores for a block of ternary × `scale`:
+/// the block's absmax, so 0 for an all-zero block.
+pub(crate) fn block_scale(block: &[i8], scale: f32) -> f16 {
+    if block.iter().any(|v| *v != 0) {
+        f16::from_f32(scale.abs())
+    } else {
+        f16::ZERO
+    }
+}
+
+/// A ternary matrix in TQ2_0 blocks, `[rows, cols / 256]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tq2Matrix {
+    rows: usize,
+    cols: usize,
+    blocks: Vec<BlockTq2_0>,
+}
+
+impl Tq2Matrix {
+    /// Packs as llama.cpp's `quantize_row_tq2_0_ref` would pack `values × scale` (scale ≥ 0;
+    /// a negative scale is stored as its absolute value, llama.cpp's absmax).
+    pub fn pack(m: &TernaryMatrix) -> Result<Self> {
+        check_qk("TQ2_0", m.rows, m.cols)?;
+        let mut blocks = Vec::with_capacity(m.rows * m.cols / QK_K);
+        for r in 0..m.rows {
+            for src in m.row(r).chunks(QK_K) {
+                blocks.push(pack_block(src, block_scale(src, m.scale)));
+            }
+        }
+        Ok(Self { rows: m.rows, cols: m.cols, blocks })
+    }
+
+    /// Random weights straight into blocks, every block with scale `scale`.
+    pub fn random(rows: usize, cols: usize, scale: f32, seed: u64) -> Result<Self> {
+        check_qk("TQ2_0", rows, cols)?;
+        let mut blocks = Vec::with_capacity(rows * cols / QK_K);
+        let mut src = [0i8; QK_K];
+        for r in 0..rows {
+            let mut g = SplitMix64::stream(seed, r as u64);
+            for _ in 0..cols / QK_K {
+                g.fill_ternary(&mut src);
+                blocks.push(pack_block(&src, f16::from_f32(scale)));
+            }
+        }
+        Ok(Self { rows, cols, blocks })
+    }
+
+    /// Wraps blocks read from a file (e.g. a GGUF tensor).
+    pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<BlockTq2_0>) -> Result<Self> {
+        check_qk("TQ2_0", rows, cols)?;
+        if blocks.len() != rows * cols / QK_K {
+            return Err(Error::Shape(format!(
+                "TQ2_0 {rows}×{cols} needs {} blocks, got {}",
+                rows * cols / QK_K,
+                blocks.len()
+            )));
+        }
+        if let Some(i) = blocks.iter().position(|b| b.qs.iter().any(|q| (0..4).any(|n| (q >> (2 * n)) & 3 == 3))) {
+            return Err(Error::Value(format!("TQ2_0 block {i} holds code 3, which is not a ternary code")));
+        }
+        Ok(Self { rows, cols, blocks })
+    }
+
+    /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
+    pub fn unpack(&self) -> TernaryMatrix {
+        let mut values = vec![0i8; self.rows * self.cols];
+        for (r, row) in values.chunks_mut(self.cols).enumerate() {
+            for (k, v) in row.iter_mut().enumerate() {
+                *v = self.get(r, k);
+            }
+        }
+        let scale = self.blocks.iter().map(|b| b.d.to_f32().abs()).fold(0.0, f32::max);
+        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale }
+    }
+
+    /// Ternary value at (row, col), decoded the plain way (the oracle's accessor).
+    #[inline]
+    pub fn get(&self, row: usize, col: usize) -> i8 {
+        let b = &self.blocks[row * self.blocks_per_row() + col / QK_K];
+        let (byte, shift) = tq2_position(col % QK_K);
+        ((b.qs[byte] >> shift) & 3) as i8 - 1
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn blocks_per_row(&self) -> usize {
+        self.cols / QK_K
+    }
+    pub fn row(&self, r: usize) -> &[BlockTq2_0] {
+        let n = self.blocks_per_row();
+        &self.blocks[r * n..(r + 1) * n]
+    }
+    pub fn blocks(&self) -> &[BlockTq2_0] {
+        &self.blocks
+    }
+    /// Packed bytes (66 per block).
+    pub fn byte_len(&self) -> usize {
+        self.blocks.len() * std::mem::size_of::<BlockTq2_0>()
+    }
+    /// The blocks' bytes exactly as they sit in a GGUF file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.byte_len());
+        for b in &self.blocks {
+            out.extend_from_slice(&b.qs);
+            out.extend_from_slice(&b.d.to_bits().to_le_bytes());
+        }
+        out
+    }
+    /// Parses GGUF bytes (66 per block, row-major).
+    pub fn from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
+        check_qk("TQ2_0", rows, cols)?;
+        let need = rows * cols / QK_K * 66;
+        if bytes.len() != need {
+            return Err(Error::Shape(format!("TQ2_0 {rows}×{cols} needs {need} bytes, got {}", bytes.len())));
+        }
+        let blocks = bytes
+            .chunks_exact(66)
+            .map(|c| BlockTq2_0 {
+                qs: c[..64].try_into().expect("64-byte chunk"),
+                d: f16::from_bits(u16::from_le_bytes([c[64], c[65]])),
+            })
+            .collect();
+        Self::from_blocks(rows, cols, blocks)
+    }
+}
+
+fn pack_block(src: &[i8], d: f16) -> BlockTq2_0 {
+    let mut qs = [0u8; QK_K / 4];
+    for (i, &w) in src.iter().enumerate() {
+        let (byte, shift) = tq2_position(i);
+        qs[byte] |= ((w + 1) as u8) << shift;
+    }
+    BlockTq2_0 { qs, d }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_scale() {
+        let m = TernaryMatrix::random(4, 768, 0.25, 5);
+        let p = Tq2Matrix::pack(&m).unwrap();
+        assert_eq!(p.byte_len(), 4 * 3 * 66);
+        assert_eq!(p.unpack(), m);
+        let again = Tq2Matrix::from_bytes(4, 768, &p.to_bytes()).unwrap();
+        assert_eq!(again, p);
+    }
+
+    #[test]
+    fn k_must_be_multiple_of_256() {
+        let m = TernaryMatrix::random(1, 544, 1.0, 1);
+        assert!(
+            matches!(Tq2Matrix::pack(&m), Err(Error::Shape(s)) if s.contains("multiple of 256") && s.contains("544"))
+        );
+    }
+
+    #[test]
+    fn code_three_is_rejected() {
+        let mut b = BlockTq2_0 { qs: [0x55; 64], d: f16::ONE };
+        b.qs[10] = 0xFF;
+        assert!(matches!(Tq2Matrix::from_blocks(1, 256, vec![b]), Err(Error::Value(s)) if s.contains("block 0")));
+    }
+}

@@ -1,0 +1,398 @@
+//! Ternary matrix × int8 activation kernels.
+//!
+//! Every kernel computes, for output rows `rows` of an N×K weight matrix and each of the B
+//! activation vectors, `out[(r − rows.start) × B + b] = Σ_k w[r][k] × x_b[k]` with all scales
+//! applied (output is row-major by output row, batch innermost, so a thread pool can give each
+//! worker a contiguous slice of `out`).
+//!
+//! Families (`scalar`, `i2s`, `tq2`, `tq1`, `xnor`) × ISA levels (`scalar`, `avx2`, `avx512`) ×
+//! forms (`fused`: unpack in registers; `split`: unpack a tile of rows into an L1-resident
+//! scratch, then a separate dot stage). `scalar` is the oracle: plain loops over
+//! [`PackedWeights::get`], the definition every other path must equal exactly.
+//!
+//! ## Float semantics (shared by every path, so results are bit-identical)
+//! - Tensor-scaled formats (I2, bit-planes, binary): `isum as f32 * w_scale * x_scale`.
+//! - Block-scaled formats (TQ2_0, TQ1_0): `acc = Σ_blocks f64(d) × f64(isum_block)`, then
+//!   `acc as f32 * x_scale`. Each term is exact in f64 (11-bit × 16-bit), so the sum is exact —
+//!   and therefore independent of summation order — whenever a row's block scales lie within a
+//!   factor of about 2^20 of one another, which holds for every quantizer output (d = block
+//!   absmax). SIMD paths rely on this to sum in vector lanes.
+
+mod portable;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+
+use crate::activations::ActivationBatch;
+use crate::aligned::AlignedBytes;
+use crate::cpu::IsaLevel;
+use crate::error::{Error, Result};
+use crate::formats::{PackedWeights, WeightFormat};
+
+/// A kernel family: one algorithm, implemented at several ISA levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// The oracle: plain loops, obviously right. Reads any format.
+    Scalar,
+    /// Unpack I2 2-bit codes to int8, then int8 multiply-accumulate.
+    I2s,
+    /// The same on llama.cpp's TQ2_0 blocks.
+    Tq2,
+    /// The same on llama.cpp's TQ1_0 (base-3) blocks.
+    Tq1,
+    /// Bit-serial: AND of weight planes with activation bit-planes, then population count.
+    Xnor,
+}
+
+impl KernelFamily {
+    pub const ALL: [KernelFamily; 5] =
+        [KernelFamily::Scalar, KernelFamily::I2s, KernelFamily::Tq2, KernelFamily::Tq1, KernelFamily::Xnor];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Scalar => "scalar",
+            KernelFamily::I2s => "i2s",
+            KernelFamily::Tq2 => "tq2",
+            KernelFamily::Tq1 => "tq1",
+            KernelFamily::Xnor => "xnor",
+        }
+    }
+
+    /// Whether this family reads weights of `format`.
+    pub fn accepts(self, format: WeightFormat) -> bool {
+        match self {
+            KernelFamily::Scalar => true,
+            KernelFamily::I2s => format == WeightFormat::I2,
+            KernelFamily::Tq2 => format == WeightFormat::Tq2_0,
+            KernelFamily::Tq1 => format == WeightFormat::Tq1_0,
+            KernelFamily::Xnor => matches!(format, WeightFormat::BitPlanes | WeightFormat::Binary),
+        }
+    }
+
+    /// The ternary format this family is built for.
+    pub fn native_format(self) -> WeightFormat {
+        match self {
+            KernelFamily::Scalar | KernelFamily::I2s => WeightFormat::I2,
+            KernelFamily::Tq2 => WeightFormat::Tq2_0,
+            KernelFamily::Tq1 => WeightFormat::Tq1_0,
+            KernelFamily::Xnor => WeightFormat::BitPlanes,
+        }
+    }
+
+    /// ISA levels this family is implemented for.
+    pub fn isa_levels(self) -> &'static [IsaLevel] {
+        match self {
+            KernelFamily::Scalar => &[IsaLevel::Scalar],
+            _ => &IsaLevel::ALL,
+        }
+    }
+
+    /// Forms this family is implemented in.
+    pub fn forms(self) -> &'static [KernelForm] {
+        match self {
+            KernelFamily::Scalar => &[KernelForm::Fused],
+            _ => &[KernelForm::Fused, KernelForm::Split],
+        }
+    }
+}
+
+impl fmt::Display for KernelFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KernelFamily {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        KernelFamily::ALL.iter().copied().find(|f| f.name() == s).ok_or_else(|| Error::UnknownName {
+            what: "kernel family",
+            got: s.to_string(),
+            expected: KernelFamily::ALL.map(|f| f.name()).join(", "),
+        })
+    }
+}
+
+/// How a kernel arranges its stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelForm {
+    /// Unpack and multiply in registers, no intermediate buffer (the default: faster).
+    Fused,
+    /// `unpack` a tile of rows into an L1-resident scratch, then `dot` (or `xnor`, then
+    /// `popcount`), as separate non-inlined stages — so their costs can be told apart.
+    Split,
+}
+
+impl KernelForm {
+    pub const ALL: [KernelForm; 2] = [KernelForm::Fused, KernelForm::Split];
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelForm::Fused => "fused",
+            KernelForm::Split => "split",
+        }
+    }
+}
+
+impl fmt::Display for KernelForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KernelForm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        KernelForm::ALL.iter().copied().find(|f| f.name() == s).ok_or_else(|| Error::UnknownName {
+            what: "kernel form",
+            got: s.to_string(),
+            expected: "fused, split".into(),
+        })
+    }
+}
+
+/// Bytes of the split form's unpacked-code tile: small enough to stay in a 32 KiB L1d beside
+/// the activations being read.
+pub const TILE_BYTES: usize = 16 * 1024;
+
+/// Per-thread scratch for the split forms. Grows on first use with a larger K; after that a
+/// matmul allocates nothing.
+#[derive(Debug, Clone)]
+pub struct KernelScratch {
+    /// Unpacked codes, `[tile_rows, padded_cols]`.
+    codes: AlignedBytes,
+    /// AND results of the xnor stage, `[8 planes, 2 (mask, sign), plane_words]`.
+    words: Vec<u64>,
+}
+
+impl Default for KernelScratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KernelScratch {
+    pub fn new() -> Self {
+        Self { codes: AlignedBytes::zeroed(TILE_BYTES), words: Vec::new() }
+    }
+
+    /// Preallocates for activations of `padded_cols` columns.
+    pub fn for_cols(padded_cols: usize) -> Self {
+        let mut s = Self::new();
+        s.ensure(padded_cols);
+        s
+    }
+
+    fn ensure(&mut self, padded_cols: usize) {
+        if self.codes.len() < padded_cols {
+            self.codes = AlignedBytes::zeroed(padded_cols);
+        }
+        let words = 16 * padded_cols / 64;
+        if self.words.len() < words {
+            self.words = vec![0; words];
+        }
+    }
+
+    /// Rows per unpack tile for this K.
+    pub fn tile_rows(&self, padded_cols: usize) -> usize {
+        (self.codes.len() / padded_cols).max(1)
+    }
+}
+
+/// A runnable kernel: a family at an ISA level in a form. Only constructible when this CPU
+/// supports the ISA level, so running it is always sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    family: KernelFamily,
+    isa: IsaLevel,
+    form: KernelForm,
+}
+
+impl Kernel {
+    /// The kernel, if this machine can run it; otherwise `Error::Unsupported` saying why.
+    pub fn new(family: KernelFamily, isa: IsaLevel, form: KernelForm) -> Result<Self> {
+        if !family.isa_levels().contains(&isa) {
+            return Err(Error::Unsupported(format!(
+                "kernel family '{family}' has no {isa} path (it has: {})",
+                family.isa_levels().iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        if !family.forms().contains(&form) {
+            return Err(Error::Unsupported(format!("kernel family '{family}' has no {form} form")));
+        }
+        if let Some(why) = isa.unsupported_reason() {
+            return Err(Error::Unsupported(why));
+        }
+        Ok(Self { family, isa, form })
+    }
+
+    /// The fastest path of `family` on this CPU (best ISA level, fused form).
+    pub fn best(family: KernelFamily) -> Self {
+        let isa = family.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar);
+        Self { family, isa, form: KernelForm::Fused }
+    }
+
+    /// The fastest kernel for weights of `format`.
+    pub fn best_for(format: WeightFormat) -> Self {
+        let family = match format {
+            WeightFormat::I2 => KernelFamily::I2s,
+            WeightFormat::Tq2_0 => KernelFamily::Tq2,
+            WeightFormat::Tq1_0 => KernelFamily::Tq1,
+            WeightFormat::BitPlanes | WeightFormat::Binary => KernelFamily::Xnor,
+        };
+        Self::best(family)
+    }
+
+    /// Every kernel this machine can run.
+    pub fn all_supported() -> Vec<Kernel> {
+        let mut v = Vec::new();
+        for family in KernelFamily::ALL {
+            for &isa in family.isa_levels() {
+                for &form in family.forms() {
+                    if let Ok(k) = Kernel::new(family, isa, form) {
+                        v.push(k);
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    pub fn family(&self) -> KernelFamily {
+        self.family
+    }
+    pub fn isa(&self) -> IsaLevel {
+        self.isa
+    }
+    pub fn form(&self) -> KernelForm {
+        self.form
+    }
+
+    /// `family/isa/form`, e.g. `i2s/avx512/fused`.
+    pub fn name(&self) -> String {
+        format!("{}/{}/{}", self.family, self.isa, self.form)
+    }
+
+    /// Checks that the arguments fit this kernel (cheap; no allocation unless they do not).
+    pub fn check(&self, w: &PackedWeights, x: &ActivationBatch, rows: &Range<usize>, out: &[f32]) -> Result<()> {
+        if !self.family.accepts(w.format()) {
+            return Err(Error::Unsupported(format!(
+                "kernel family '{}' cannot read {} weights (it reads {})",
+                self.family,
+                w.format(),
+                self.family.native_format()
+            )));
+        }
+        if x.cols() != w.cols() {
+            return Err(Error::Shape(format!("weights have K = {} but activations have K = {}", w.cols(), x.cols())));
+        }
+        if rows.start > rows.end || rows.end > w.rows() {
+            return Err(Error::Shape(format!("row range {rows:?} is outside 0..{}", w.rows())));
+        }
+        if out.len() != rows.len() * x.batch() {
+            return Err(Error::Shape(format!(
+                "output needs {} rows × {} tokens = {} floats, got {}",
+                rows.len(),
+                x.batch(),
+                rows.len() * x.batch(),
+                out.len()
+            )));
+        }
+        if self.family == KernelFamily::Xnor && !x.planes_ready() {
+            return Err(Error::Shape(
+                "the xnor kernels need activation bit-planes: call ActivationBatch::build_planes first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `out[(r − rows.start) × B + b] = Σ_k w[r][k] × x_b[k]` (scaled). See the module docs.
+    pub fn matmul(
+        &self,
+        w: &PackedWeights,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    ) -> Result<()> {
+        self.check(w, x, &rows, out)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        scratch.ensure(x.padded_cols());
+        if self.family == KernelFamily::Scalar {
+            scalar::matmul(w, x, rows, out);
+            return Ok(());
+        }
+        match self.isa {
+            IsaLevel::Scalar => portable::matmul(self.form, w, x, rows, out, scratch),
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx2 => x86_avx2::matmul(
+                x86_avx2::Avx2::new().expect("Kernel::new checked AVX2 support"),
+                self.form,
+                w,
+                x,
+                rows,
+                out,
+                scratch,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx512 => x86_avx512::matmul(
+                x86_avx512::Avx512::new().expect("Kernel::new checked AVX-512 support"),
+                self.form,
+                w,
+                x,
+                rows,
+                out,
+                scratch,
+            ),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("Kernel::new only accepts the scalar level off x86-64"),
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// Final scaling of the tensor-scaled formats (shared by every path: see module docs).
+#[inline(always)]
+pub(crate) fn finish_tensor(isum: i32, w_scale: f32, x_scale: f32) -> f32 {
+    isum as f32 * w_scale * x_scale
+}
+
+/// Final scaling of the block-scaled formats (see module docs).
+#[inline(always)]
+pub(crate) fn finish_blocks(acc: f64, x_scale: f32) -> f32 {
+    acc as f32 * x_scale
+}
+
+/// Per-row scaling of an unpacked tile: one scale per tensor, or the f16 scale of each
+/// 256-weight block of each row.
+#[derive(Clone, Copy)]
+pub(crate) enum TileScales<'a> {
+    Tensor(f32),
+    Tq2(&'a crate::formats::Tq2Matrix),
+    Tq1(&'a crate::formats::Tq1Matrix),
+}
+
+impl TileScales<'_> {
+    /// f64 scale of block `blk` of weight row `row` (block-scaled formats only).
+    #[inline(always)]
+    pub(crate) fn block_d(&self, row: usize, blk: usize) -> f64 {
+        match self {
+            TileScales::Tensor(_) => unreachable!("tensor-scaled tile has no block scales"),
+            TileScales::Tq2(m) => m.row(row)[blk].d.to_f64(),
+            TileScales::Tq1(m) => m.row(row)[blk].d.to_f64(),
+        }
+    }
+}

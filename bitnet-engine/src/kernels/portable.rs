@@ -1,0 +1,426 @@
+//! The ISA seam, the split-form driver shared by every ISA, and the portable (no intrinsics)
+//! implementation of every primitive.
+
+use std::ops::Range;
+
+use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales};
+use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
+use crate::formats::i2::{i2_position, I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
+use crate::formats::tq1::{tq1_digit, tq1_position};
+use crate::formats::tq2::tq2_position;
+use crate::formats::{
+    BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K,
+};
+
+/// The primitives one ISA level provides. Implemented by zero-sized tokens that can only be
+/// created when the CPU supports the level, so every method is safe to call.
+pub(crate) trait IsaOps: Copy {
+    /// 64 packed I2 bytes → 256 codes in natural order.
+    fn decode_i2_block(self, src: &[u8], dst: &mut [u8]);
+    /// One TQ2_0 block → 256 codes in natural order.
+    fn decode_tq2_block(self, b: &BlockTq2_0, dst: &mut [u8]);
+    /// One TQ1_0 block → 256 codes in natural order.
+    fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]);
+    /// Σ codes[k] × x[k]; both the same length, a multiple of 256.
+    fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32;
+    /// The xnor stage for one row and one token: `dst[p][0][w] = mask[w] & plane_p[w]`,
+    /// `dst[p][1][w] = sign[w] & plane_p[w]` (binary weights: only `[p][1]` is written).
+    fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], planes: &[u64], words: usize, dst: &mut [u64]);
+    /// Total population count of `words`.
+    fn popcount(self, words: &[u64]) -> u32;
+    fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+}
+
+/// Runs `form` with the primitives of `isa`.
+pub(crate) fn run<I: IsaOps>(
+    isa: I,
+    form: KernelForm,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    match (form, w) {
+        (KernelForm::Fused, PackedWeights::I2(m)) => isa.i2_fused(m, x, rows, out),
+        (KernelForm::Fused, PackedWeights::Tq2(m)) => isa.tq2_fused(m, x, rows, out),
+        (KernelForm::Fused, PackedWeights::Tq1(m)) => isa.tq1_fused(m, x, rows, out),
+        (KernelForm::Fused, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => isa.xnor_fused(w, x, rows, out),
+        (KernelForm::Split, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => {
+            split_xnor(isa, w, x, rows, out, scratch)
+        }
+        (KernelForm::Split, _) => split_codes(isa, w, x, rows, out, scratch),
+    }
+}
+
+pub(crate) fn matmul(
+    form: KernelForm,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    run(Portable, form, w, x, rows, out, scratch)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split form: unpack a tile of rows to codes, then dot. Each stage is its own non-inlined
+// function so span timers and sampling profilers can tell them apart.
+
+fn split_codes<I: IsaOps>(
+    isa: I,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    let stride = x.padded_cols();
+    let tile_rows = scratch.tile_rows(stride);
+    let batch = x.batch();
+    let scales = match w {
+        PackedWeights::I2(m) => TileScales::Tensor(m.scale()),
+        PackedWeights::Tq2(m) => TileScales::Tq2(m),
+        PackedWeights::Tq1(m) => TileScales::Tq1(m),
+        _ => unreachable!("split_codes takes code formats only"),
+    };
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + tile_rows).min(rows.end);
+        let tile = &mut scratch.codes.as_mut_slice()[..(r1 - r0) * stride];
+        unpack_stage(isa, w, r0..r1, tile, stride);
+        let o = (r0 - rows.start) * batch;
+        dot_stage(isa, tile, stride, r0..r1, scales, x, &mut out[o..o + (r1 - r0) * batch]);
+        r0 = r1;
+    }
+}
+
+/// Stage `unpack`: rows of packed weights → `[rows, stride]` codes (padding: code 1 = weight 0).
+#[inline(never)]
+pub(crate) fn unpack_stage<I: IsaOps>(isa: I, w: &PackedWeights, rows: Range<usize>, tile: &mut [u8], stride: usize) {
+    for (i, r) in rows.enumerate() {
+        let dst = &mut tile[i * stride..(i + 1) * stride];
+        match w {
+            PackedWeights::I2(m) => {
+                let src = m.row(r);
+                let full = m.full_blocks();
+                for blk in 0..full {
+                    isa.decode_i2_block(
+                        &src[blk * I2_BLOCK_BYTES..(blk + 1) * I2_BLOCK_BYTES],
+                        &mut dst[blk * I2_BLOCK_WEIGHTS..(blk + 1) * I2_BLOCK_WEIGHTS],
+                    );
+                }
+                if m.tail_weights() > 0 {
+                    decode_i2_tail(
+                        &src[full * I2_BLOCK_BYTES..],
+                        m.tail_weights(),
+                        &mut dst[full * QK_K..(full + 1) * QK_K],
+                    );
+                }
+            }
+            PackedWeights::Tq2(m) => {
+                for (blk, b) in m.row(r).iter().enumerate() {
+                    isa.decode_tq2_block(b, &mut dst[blk * QK_K..(blk + 1) * QK_K]);
+                }
+            }
+            PackedWeights::Tq1(m) => {
+                for (blk, b) in m.row(r).iter().enumerate() {
+                    isa.decode_tq1_block(b, &mut dst[blk * QK_K..(blk + 1) * QK_K]);
+                }
+            }
+            _ => unreachable!("unpack_stage takes code formats only"),
+        }
+    }
+}
+
+/// Stage `dot`: `[rows, stride]` codes × every token → `out[rows, batch]`.
+#[inline(never)]
+pub(crate) fn dot_stage<I: IsaOps>(
+    isa: I,
+    tile: &[u8],
+    stride: usize,
+    rows: Range<usize>,
+    scales: TileScales<'_>,
+    x: &ActivationBatch,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let codes = &tile[i * stride..(i + 1) * stride];
+        for b in 0..batch {
+            let q = x.token(b);
+            out[i * batch + b] = match scales {
+                TileScales::Tensor(ws) => finish_tensor(isa.dot_codes(codes, q) - x.sum(b), ws, x.scale(b)),
+                _ => {
+                    let bs = x.block_sums(b);
+                    let mut acc = 0f64;
+                    for blk in 0..stride / QK_K {
+                        let s = blk * QK_K..(blk + 1) * QK_K;
+                        let isum = isa.dot_codes(&codes[s.clone()], &q[s]) - bs[blk];
+                        acc += scales.block_d(r, blk) * isum as f64;
+                    }
+                    finish_blocks(acc, x.scale(b))
+                }
+            };
+        }
+    }
+}
+
+fn split_xnor<I: IsaOps>(
+    isa: I,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    let batch = x.batch();
+    let words = x.plane_words();
+    let dst = &mut scratch.words[..ACT_PLANES * 2 * words];
+    for (i, r) in rows.enumerate() {
+        for b in 0..batch {
+            let (mask, sign, w_words, scale) = match w {
+                PackedWeights::BitPlanes(m) => {
+                    let (mk, sg) = m.row_planes(r);
+                    (Some(mk), sg, m.words(), m.scale())
+                }
+                PackedWeights::Binary(m) => (None, m.row_words(r), m.words(), m.scale()),
+                _ => unreachable!("split_xnor takes plane formats only"),
+            };
+            xnor_stage(isa, mask, sign, x.planes(b), w_words, words, dst);
+            let isum = popcount_stage(isa, dst, words, mask.is_none(), x.plane_counts(b));
+            out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
+        }
+    }
+}
+
+/// Stage `xnor`: AND one row's weight planes with one token's 8 activation planes.
+#[inline(never)]
+fn xnor_stage<I: IsaOps>(
+    isa: I,
+    mask: Option<&[u64]>,
+    sign: &[u64],
+    planes: &[u64],
+    w_words: usize,
+    x_words: usize,
+    dst: &mut [u64],
+) {
+    // Weight rows hold ceil(K/64) words; activation planes are padded further with zero words,
+    // which contribute nothing, so only the weight's words are combined.
+    for p in 0..ACT_PLANES {
+        let plane = &planes[p * x_words..p * x_words + w_words];
+        isa.and_planes(mask, sign, plane, w_words, &mut dst[p * 2 * x_words..(p + 1) * 2 * x_words]);
+    }
+}
+
+/// Stage `popcount`: weighted population counts of the xnor stage's output →
+/// Σ_k w_k q_k = Σ_p c_p (|mask ∧ b_p| − 2 |sign ∧ b_p|) (binary: |b_p| in place of |mask ∧ b_p|).
+#[inline(never)]
+fn popcount_stage<I: IsaOps>(isa: I, src: &[u64], x_words: usize, binary: bool, plane_counts: &[u32]) -> i32 {
+    let mut isum = 0i32;
+    for p in 0..ACT_PLANES {
+        let base = p * 2 * x_words;
+        let nonzero = if binary { plane_counts[p] } else { isa.popcount(&src[base..base + x_words]) } as i32;
+        let negative = isa.popcount(&src[base + x_words..base + 2 * x_words]) as i32;
+        isum += PLANE_WEIGHTS[p] * (nonzero - 2 * negative);
+    }
+    isum
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain block decoders, shared by the portable path and by SIMD tails.
+
+/// The tail of an I2 row (`t` < 256 weights, lane width ceil(t/4)) → 256 codes, code 1 beyond `t`.
+pub(crate) fn decode_i2_tail(src: &[u8], t: usize, dst: &mut [u8]) {
+    let lane = t.div_ceil(4);
+    dst[..QK_K].fill(1);
+    for (j, d) in dst[..t].iter_mut().enumerate() {
+        let (byte, shift) = i2_position(j, lane);
+        *d = (src[byte] >> shift) & 3;
+    }
+}
+
+/// Σ over the I2 tail of a row, for one token, with plain loops.
+pub(crate) fn i2_tail_dot(src: &[u8], t: usize, x: &[i8]) -> i32 {
+    let lane = t.div_ceil(4);
+    (0..t)
+        .map(|j| {
+            let (byte, shift) = i2_position(j, lane);
+            ((src[byte] >> shift) & 3) as i32 * x[j] as i32
+        })
+        .sum()
+}
+
+/// Decodes the 4 qh digits of a TQ1_0 block into `dst[240..256]` (shared by the SIMD paths:
+/// 4 bytes are not worth a vector).
+#[inline(always)]
+pub(crate) fn decode_tq1_qh(b: &BlockTq1_0, dst: &mut [u8]) {
+    for n in 0..4 {
+        for m in 0..4 {
+            dst[240 + 4 * n + m] = tq1_digit(b.qh[m], n);
+        }
+    }
+}
+
+/// The portable ISA level.
+#[derive(Clone, Copy)]
+pub(crate) struct Portable;
+
+impl IsaOps for Portable {
+    fn decode_i2_block(self, src: &[u8], dst: &mut [u8]) {
+        for j in 0..I2_BLOCK_WEIGHTS {
+            let (byte, shift) = i2_position(j, I2_BLOCK_BYTES);
+            dst[j] = (src[byte] >> shift) & 3;
+        }
+    }
+
+    fn decode_tq2_block(self, b: &BlockTq2_0, dst: &mut [u8]) {
+        for (i, d) in dst[..QK_K].iter_mut().enumerate() {
+            let (byte, shift) = tq2_position(i);
+            *d = (b.qs[byte] >> shift) & 3;
+        }
+    }
+
+    fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]) {
+        for (i, d) in dst[..240].iter_mut().enumerate() {
+            let (byte, n) = tq1_position(i);
+            *d = tq1_digit(b.qs[byte], n);
+        }
+        decode_tq1_qh(b, dst);
+    }
+
+    fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
+        codes.iter().zip(x).map(|(c, v)| *c as i32 * *v as i32).sum()
+    }
+
+    fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
+        let x_words = dst.len() / 2;
+        let (dm, ds) = dst.split_at_mut(x_words);
+        if let Some(mask) = mask {
+            for w in 0..words {
+                dm[w] = mask[w] & plane[w];
+            }
+            dm[words..].fill(0);
+        }
+        for w in 0..words {
+            ds[w] = sign[w] & plane[w];
+        }
+        ds[words..].fill(0);
+    }
+
+    fn popcount(self, words: &[u64]) -> u32 {
+        words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        let batch = x.batch();
+        let (full, t) = (w.full_blocks(), w.tail_weights());
+        for (i, r) in rows.enumerate() {
+            let src = w.row(r);
+            for b in 0..batch {
+                let q = x.token(b);
+                let mut isum = 0i32;
+                for blk in 0..full {
+                    let bytes = &src[blk * I2_BLOCK_BYTES..(blk + 1) * I2_BLOCK_BYTES];
+                    let xq = &q[blk * I2_BLOCK_WEIGHTS..];
+                    for n in 0..4 {
+                        for (byte, v) in bytes.iter().enumerate() {
+                            isum += ((v >> (2 * n)) & 3) as i32 * xq[64 * n + byte] as i32;
+                        }
+                    }
+                }
+                if t > 0 {
+                    isum += i2_tail_dot(&src[full * I2_BLOCK_BYTES..], t, &q[full * I2_BLOCK_WEIGHTS..]);
+                }
+                out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
+            }
+        }
+    }
+
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        let batch = x.batch();
+        for (i, r) in rows.enumerate() {
+            for b in 0..batch {
+                let (q, bs) = (x.token(b), x.block_sums(b));
+                let mut acc = 0f64;
+                for (blk, block) in w.row(r).iter().enumerate() {
+                    let xq = &q[blk * QK_K..];
+                    let mut isum = 0i32;
+                    for (byte, v) in block.qs.iter().enumerate() {
+                        let base = 128 * (byte / 32) + byte % 32;
+                        for n in 0..4 {
+                            isum += ((v >> (2 * n)) & 3) as i32 * xq[base + 32 * n] as i32;
+                        }
+                    }
+                    acc += block.d.to_f64() * (isum - bs[blk]) as f64;
+                }
+                out[i * batch + b] = finish_blocks(acc, x.scale(b));
+            }
+        }
+    }
+
+    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        // Base-3 digits cannot be extracted cheaply per weight in a dot loop; decode each block
+        // to 256 codes on the stack, then multiply.
+        let batch = x.batch();
+        let mut codes = [0u8; QK_K];
+        for (i, r) in rows.enumerate() {
+            for b in 0..batch {
+                let (q, bs) = (x.token(b), x.block_sums(b));
+                let mut acc = 0f64;
+                for (blk, block) in w.row(r).iter().enumerate() {
+                    self.decode_tq1_block(block, &mut codes);
+                    let isum = self.dot_codes(&codes, &q[blk * QK_K..(blk + 1) * QK_K]) - bs[blk];
+                    acc += block.d.to_f64() * isum as f64;
+                }
+                out[i * batch + b] = finish_blocks(acc, x.scale(b));
+            }
+        }
+    }
+
+    fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        let batch = x.batch();
+        let xw = x.plane_words();
+        for (i, r) in rows.enumerate() {
+            for b in 0..batch {
+                let planes = x.planes(b);
+                let (isum, scale) = match w {
+                    PackedWeights::BitPlanes(m) => (xnor_ternary_row(m, r, planes, xw), m.scale()),
+                    PackedWeights::Binary(m) => (xnor_binary_row(m, r, planes, xw, x.plane_counts(b)), m.scale()),
+                    _ => unreachable!("xnor takes plane formats only"),
+                };
+                out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
+            }
+        }
+    }
+}
+
+fn xnor_ternary_row(m: &BitPlaneMatrix, r: usize, planes: &[u64], xw: usize) -> i32 {
+    let (mask, sign) = m.row_planes(r);
+    let mut isum = 0i32;
+    for p in 0..ACT_PLANES {
+        let plane = &planes[p * xw..];
+        let (mut nz, mut neg) = (0u32, 0u32);
+        for w in 0..m.words() {
+            nz += (mask[w] & plane[w]).count_ones();
+            neg += (sign[w] & plane[w]).count_ones();
+        }
+        isum += PLANE_WEIGHTS[p] * (nz as i32 - 2 * neg as i32);
+    }
+    isum
+}
+
+fn xnor_binary_row(m: &BinaryMatrix, r: usize, planes: &[u64], xw: usize, counts: &[u32]) -> i32 {
+    let sign = m.row_words(r);
+    let mut isum = 0i32;
+    for p in 0..ACT_PLANES {
+        let plane = &planes[p * xw..];
+        let neg: u32 = (0..m.words()).map(|w| (sign[w] & plane[w]).count_ones()).sum();
+        isum += PLANE_WEIGHTS[p] * (counts[p] as i32 - 2 * neg as i32);
+    }
+    isum
+}

@@ -1,0 +1,404 @@
+//! AVX2 kernels: `vpmaddubsw` (unsigned codes × signed activations) and nibble-table popcount.
+//!
+//! Every public item takes an [`Avx2`] token, which exists only when the CPU reports AVX2, FMA
+//! and POPCNT, so the `#[target_feature]` functions behind it are sound to call.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::portable::{decode_tq1_qh, i2_tail_dot, run, IsaOps};
+use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
+use crate::cpu::IsaLevel;
+use crate::formats::i2::{I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
+use crate::formats::{BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K};
+
+/// Proof that AVX2 + FMA + POPCNT are available.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2(());
+
+impl Avx2 {
+    pub(crate) fn new() -> Option<Self> {
+        IsaLevel::Avx2.is_supported().then_some(Avx2(()))
+    }
+}
+
+pub(crate) fn matmul(
+    isa: Avx2,
+    form: KernelForm,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    run(isa, form, w, x, rows, out, scratch)
+}
+
+// SAFETY (for every `unsafe` block in this impl): `self` is an `Avx2` token, which `Avx2::new`
+// only creates when the CPU supports AVX2/FMA/POPCNT; the callee's slice bounds are checked by
+// `debug_assert!`s inside and guaranteed by the callers (tile, block and activation lengths are
+// multiples of 256 by construction of `ActivationBatch` and the formats).
+impl IsaOps for Avx2 {
+    fn decode_i2_block(self, src: &[u8], dst: &mut [u8]) {
+        unsafe { decode_i2_block(src, dst) }
+    }
+    fn decode_tq2_block(self, b: &BlockTq2_0, dst: &mut [u8]) {
+        unsafe { decode_tq2_block(b, dst) }
+    }
+    fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]) {
+        unsafe { decode_tq1_block(b, dst) }
+    }
+    fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
+        unsafe { dot_codes(codes, x) }
+    }
+    fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
+        unsafe { and_planes(mask, sign, plane, words, dst) }
+    }
+    fn popcount(self, words: &[u64]) -> u32 {
+        unsafe { popcount(words) }
+    }
+    fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { i2_fused(w, x, rows, out) }
+    }
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { tq2_fused(w, x, rows, out) }
+    }
+    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { tq1_fused(self, w, x, rows, out) }
+    }
+    fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { xnor_fused(w, x, rows, out) }
+    }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn store(p: *mut u8, v: __m256i) {
+    _mm256_storeu_si256(p as *mut __m256i, v)
+}
+
+/// Horizontal sum of 8 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Codes `(v >> 2n) & 3` for n = 0..4.
+#[inline(always)]
+unsafe fn split4(v: __m256i) -> [__m256i; 4] {
+    let m = _mm256_set1_epi8(3);
+    [
+        _mm256_and_si256(v, m),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(v), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m),
+        _mm256_and_si256(_mm256_srli_epi16::<6>(v), m),
+    ]
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
+    debug_assert!(src.len() >= I2_BLOCK_BYTES && dst.len() >= I2_BLOCK_WEIGHTS);
+    for half in 0..2 {
+        let c = split4(load(src.as_ptr().add(32 * half)));
+        for (n, cn) in c.iter().enumerate() {
+            store(dst.as_mut_ptr().add(64 * n + 32 * half), *cn);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn decode_tq2_block(b: &BlockTq2_0, dst: &mut [u8]) {
+    debug_assert!(dst.len() >= QK_K);
+    for j in 0..2 {
+        let c = split4(load(b.qs.as_ptr().add(32 * j)));
+        for (n, cn) in c.iter().enumerate() {
+            store(dst.as_mut_ptr().add(128 * j + 32 * n), *cn);
+        }
+    }
+}
+
+/// Digit of each byte of `q` (already multiplied by 3^n mod 256): `(q × 3) >> 8`, which is
+/// `(q > 85) + (q > 170)` — unsigned compares done as signed ones after flipping the top bit.
+#[inline(always)]
+unsafe fn tq1_trits256(q: __m256i) -> __m256i {
+    let flip = _mm256_set1_epi8(-128);
+    let qs = _mm256_xor_si256(q, flip);
+    let gt1 = _mm256_cmpgt_epi8(qs, _mm256_set1_epi8((85u8 ^ 0x80) as i8));
+    let gt2 = _mm256_cmpgt_epi8(qs, _mm256_set1_epi8((170u8 ^ 0x80) as i8));
+    _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), gt1), gt2)
+}
+
+#[inline(always)]
+unsafe fn tq1_trits128(q: __m128i) -> __m128i {
+    let flip = _mm_set1_epi8(-128);
+    let qs = _mm_xor_si128(q, flip);
+    let gt1 = _mm_cmpgt_epi8(qs, _mm_set1_epi8((85u8 ^ 0x80) as i8));
+    let gt2 = _mm_cmpgt_epi8(qs, _mm_set1_epi8((170u8 ^ 0x80) as i8));
+    _mm_sub_epi8(_mm_sub_epi8(_mm_setzero_si128(), gt1), gt2)
+}
+
+/// Shared with the AVX-512 path (which implies AVX2).
+#[target_feature(enable = "avx2,fma,popcnt")]
+pub(crate) unsafe fn decode_tq1_block(b: &BlockTq1_0, dst: &mut [u8]) {
+    debug_assert!(dst.len() >= QK_K);
+    // qs[0..32]: digit n → weights 32n..32n+32. Multiplying by 3 (mod 256) moves to the next digit.
+    let mut q = load(b.qs.as_ptr());
+    for n in 0..5 {
+        if n > 0 {
+            q = _mm256_add_epi8(q, _mm256_add_epi8(q, q));
+        }
+        store(dst.as_mut_ptr().add(32 * n), tq1_trits256(q));
+    }
+    // qs[32..48]: digit n → weights 160 + 16n .. +16.
+    let mut q = _mm_loadu_si128(b.qs.as_ptr().add(32) as *const __m128i);
+    for n in 0..5 {
+        if n > 0 {
+            q = _mm_add_epi8(q, _mm_add_epi8(q, q));
+        }
+        _mm_storeu_si128(dst.as_mut_ptr().add(160 + 16 * n) as *mut __m128i, tq1_trits128(q));
+    }
+    decode_tq1_qh(b, dst);
+}
+
+/// Σ c·x over 4 × 32 bytes: `vpmaddubsw` pairs (|sum| ≤ 2·2·127 = 508) summed four times in
+/// i16 (≤ 2032, no saturation), then widened once with `vpmaddwd`.
+#[inline(always)]
+unsafe fn dot4(c: &[__m256i; 4], x: *const i8, offsets: [usize; 4]) -> __m256i {
+    let mut s = _mm256_maddubs_epi16(c[0], load(x.add(offsets[0]) as *const u8));
+    for n in 1..4 {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(c[n], load(x.add(offsets[n]) as *const u8)));
+    }
+    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
+    debug_assert!(codes.len() == x.len() && codes.len().is_multiple_of(128));
+    let mut acc = _mm256_setzero_si256();
+    let (c, xp) = (codes.as_ptr(), x.as_ptr());
+    for i in (0..codes.len()).step_by(128) {
+        let cv = [load(c.add(i)), load(c.add(i + 32)), load(c.add(i + 64)), load(c.add(i + 96))];
+        acc = _mm256_add_epi32(acc, dot4(&cv, xp.add(i), [0, 32, 64, 96]));
+    }
+    hsum_i32(acc)
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn and_planes(mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
+    let x_words = dst.len() / 2;
+    debug_assert!(sign.len() >= words && plane.len() >= words && x_words >= words);
+    let (dm, ds) = dst.split_at_mut(x_words);
+    let body = words / 4 * 4;
+    let and_into = |src: &[u64], out: &mut [u64]| {
+        for w in (0..body).step_by(4) {
+            let v = _mm256_and_si256(load(src.as_ptr().add(w) as *const u8), load(plane.as_ptr().add(w) as *const u8));
+            store(out.as_mut_ptr().add(w) as *mut u8, v);
+        }
+        for w in body..words {
+            out[w] = src[w] & plane[w];
+        }
+        out[words..].fill(0);
+    };
+    if let Some(mask) = mask {
+        and_into(mask, dm);
+    }
+    and_into(sign, ds);
+}
+
+/// Per-byte population counts of a vector (Mula's nibble table).
+#[inline(always)]
+unsafe fn popcnt_bytes(v: __m256i) -> __m256i {
+    let lut = _mm256_setr_epi8(
+        0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+    );
+    let low = _mm256_set1_epi8(0x0f);
+    let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, low));
+    let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+    _mm256_add_epi8(lo, hi)
+}
+
+/// Population count of a vector as 4 u64 lanes.
+#[inline(always)]
+unsafe fn popcnt_u64x4(v: __m256i) -> __m256i {
+    _mm256_sad_epu8(popcnt_bytes(v), _mm256_setzero_si256())
+}
+
+#[inline(always)]
+unsafe fn hsum_u64(v: __m256i) -> u64 {
+    let s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as u64
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn popcount(words: &[u64]) -> u32 {
+    let body = words.len() / 4 * 4;
+    let mut acc = _mm256_setzero_si256();
+    for w in (0..body).step_by(4) {
+        acc = _mm256_add_epi64(acc, popcnt_u64x4(load(words.as_ptr().add(w) as *const u8)));
+    }
+    let tail: u32 = words[body..].iter().map(|w| w.count_ones()).sum();
+    hsum_u64(acc) as u32 + tail
+}
+
+/// Tokens processed together per pass over a weight row (codes unpacked once for all of them).
+const GROUP: usize = 4;
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let o = &mut out[i * batch..(i + 1) * batch];
+        let mut b0 = 0;
+        while b0 < batch {
+            match batch - b0 {
+                1 => i2_group::<1>(w, r, x, b0, o),
+                2 => i2_group::<2>(w, r, x, b0, o),
+                3 => i2_group::<3>(w, r, x, b0, o),
+                _ => i2_group::<GROUP>(w, r, x, b0, o),
+            }
+            b0 += GROUP.min(batch - b0);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn i2_group<const G: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
+    let src = w.row(r).as_ptr();
+    let xs: [*const i8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr());
+    let mut acc = [_mm256_setzero_si256(); G];
+    for blk in 0..w.full_blocks() {
+        let p = src.add(blk * I2_BLOCK_BYTES);
+        let lo = split4(load(p)); // ↔ x[64n .. 64n + 32]
+        let hi = split4(load(p.add(32))); // ↔ x[64n + 32 .. 64n + 64]
+        for g in 0..G {
+            let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
+            let a = dot4(&lo, xb, [0, 64, 128, 192]);
+            let b = dot4(&hi, xb, [32, 96, 160, 224]);
+            acc[g] = _mm256_add_epi32(acc[g], _mm256_add_epi32(a, b));
+        }
+    }
+    let (full, t) = (w.full_blocks(), w.tail_weights());
+    for g in 0..G {
+        let b = b0 + g;
+        let mut isum = hsum_i32(acc[g]);
+        if t > 0 {
+            isum += i2_tail_dot(&w.row(r)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
+        }
+        out[b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        for b in 0..batch {
+            let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
+            let mut acc = 0f64;
+            for (blk, block) in w.row(r).iter().enumerate() {
+                let xb = xp.add(blk * QK_K);
+                // 32-byte chunk j holds weights 128j + 32n + m at shift 2n: contiguous per n.
+                let c0 = split4(load(block.qs.as_ptr()));
+                let c1 = split4(load(block.qs.as_ptr().add(32)));
+                let s = _mm256_add_epi32(dot4(&c0, xb, [0, 32, 64, 96]), dot4(&c1, xb, [128, 160, 192, 224]));
+                acc += block.d.to_f64() * (hsum_i32(s) - bs[blk]) as f64;
+            }
+            out[i * batch + b] = finish_blocks(acc, x.scale(b));
+        }
+    }
+}
+
+/// Shared shape of the TQ1 kernels: decode each block once into a stack tile, then dot it with
+/// up to 64 tokens (block-scaled accumulation per token).
+#[inline(always)]
+pub(crate) unsafe fn tq1_rows_with<I: IsaOps>(
+    isa: I,
+    w: &Tq1Matrix,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    const CHUNK: usize = 64;
+    let batch = x.batch();
+    let mut codes = [0u8; QK_K];
+    let mut acc = [0f64; CHUNK];
+    for (i, r) in rows.enumerate() {
+        let mut b0 = 0;
+        while b0 < batch {
+            let n = CHUNK.min(batch - b0);
+            acc[..n].fill(0.0);
+            for (blk, block) in w.row(r).iter().enumerate() {
+                isa.decode_tq1_block(block, &mut codes);
+                let d = block.d.to_f64();
+                for (g, a) in acc[..n].iter_mut().enumerate() {
+                    let q = &x.token(b0 + g)[blk * QK_K..(blk + 1) * QK_K];
+                    *a += d * (isa.dot_codes(&codes, q) - x.block_sums(b0 + g)[blk]) as f64;
+                }
+            }
+            for g in 0..n {
+                out[i * batch + b0 + g] = finish_blocks(acc[g], x.scale(b0 + g));
+            }
+            b0 += n;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn tq1_fused(isa: Avx2, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    tq1_rows_with(isa, w, x, rows, out)
+}
+
+#[target_feature(enable = "avx2,fma,popcnt")]
+unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    let xw = x.plane_words();
+    for (i, r) in rows.enumerate() {
+        let (mask, sign, words, scale) = match w {
+            PackedWeights::BitPlanes(m) => {
+                let (mk, sg) = m.row_planes(r);
+                (Some(mk), sg, m.words(), m.scale())
+            }
+            PackedWeights::Binary(m) => (None, m.row_words(r), m.words(), m.scale()),
+            _ => unreachable!("xnor takes plane formats only"),
+        };
+        let body = words / 4 * 4;
+        for b in 0..batch {
+            let planes = x.planes(b);
+            let mut isum = 0i32;
+            for p in 0..ACT_PLANES {
+                let plane = &planes[p * xw..p * xw + words];
+                let (mut nz, mut neg) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for wd in (0..body).step_by(4) {
+                    let bp = load(plane.as_ptr().add(wd) as *const u8);
+                    let s = _mm256_and_si256(load(sign.as_ptr().add(wd) as *const u8), bp);
+                    neg = _mm256_add_epi64(neg, popcnt_u64x4(s));
+                    if let Some(mask) = mask {
+                        let m = _mm256_and_si256(load(mask.as_ptr().add(wd) as *const u8), bp);
+                        nz = _mm256_add_epi64(nz, popcnt_u64x4(m));
+                    }
+                }
+                let mut neg_c = hsum_u64(neg) as i32;
+                let mut nz_c = hsum_u64(nz) as i32;
+                for wd in body..words {
+                    neg_c += (sign[wd] & plane[wd]).count_ones() as i32;
+                    if let Some(mask) = mask {
+                        nz_c += (mask[wd] & plane[wd]).count_ones() as i32;
+                    }
+                }
+                if mask.is_none() {
+                    nz_c = x.plane_counts(b)[p] as i32;
+                }
+                isum += PLANE_WEIGHTS[p] * (nz_c - 2 * neg_c);
+            }
+            out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
+        }
+    }
+}

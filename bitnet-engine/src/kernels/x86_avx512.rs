@@ -1,0 +1,355 @@
+//! AVX-512 kernels: VNNI `vpdpbusd` (64 unsigned-code × signed-int8 products per instruction)
+//! and VPOPCNTDQ.
+//!
+//! Every public item takes an [`Avx512`] token, which exists only when the CPU reports
+//! AVX-512 F/BW/VL/VNNI/VPOPCNTDQ, so the `#[target_feature]` functions behind it are sound.
+//! AVX-512F implies AVX2, so the AVX2 TQ1 decoder is reused here.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::portable::{i2_tail_dot, run, IsaOps};
+use super::x86_avx2::{decode_tq1_block as decode_tq1_block_avx2, tq1_rows_with};
+use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
+use crate::cpu::IsaLevel;
+use crate::formats::i2::{I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
+use crate::formats::{BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K};
+
+/// Proof that AVX-512 F/BW/VL/VNNI/VPOPCNTDQ are available.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    pub(crate) fn new() -> Option<Self> {
+        IsaLevel::Avx512.is_supported().then_some(Avx512(()))
+    }
+}
+
+pub(crate) fn matmul(
+    isa: Avx512,
+    form: KernelForm,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    run(isa, form, w, x, rows, out, scratch)
+}
+
+// SAFETY (for every `unsafe` block in this impl): `self` is an `Avx512` token, created by
+// `Avx512::new` only when the CPU supports every feature the callees enable (which include
+// AVX2); slice bounds are guaranteed by the callers (lengths are multiples of 256 by
+// construction of `ActivationBatch`, the tile and the formats) and checked by `debug_assert!`s.
+impl IsaOps for Avx512 {
+    fn decode_i2_block(self, src: &[u8], dst: &mut [u8]) {
+        unsafe { decode_i2_block(src, dst) }
+    }
+    fn decode_tq2_block(self, b: &BlockTq2_0, dst: &mut [u8]) {
+        unsafe { decode_tq2_block(b, dst) }
+    }
+    fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]) {
+        unsafe { decode_tq1_block_avx2(b, dst) }
+    }
+    fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
+        unsafe { dot_codes(codes, x) }
+    }
+    fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
+        unsafe { and_planes(mask, sign, plane, words, dst) }
+    }
+    fn popcount(self, words: &[u64]) -> u32 {
+        unsafe { popcount(words) }
+    }
+    fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { i2_fused(w, x, rows, out) }
+    }
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { tq2_fused(w, x, rows, out) }
+    }
+    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { tq1_fused(self, w, x, rows, out) }
+    }
+    fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { xnor_fused(w, x, rows, out) }
+    }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const _)
+}
+
+#[inline(always)]
+unsafe fn store(p: *mut u8, v: __m512i) {
+    _mm512_storeu_si512(p as *mut _, v)
+}
+
+/// Codes `(v >> 2n) & 3` for n = 0..4.
+#[inline(always)]
+unsafe fn split4(v: __m512i) -> [__m512i; 4] {
+    let m = _mm512_set1_epi8(3);
+    [
+        _mm512_and_si512(v, m),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(v), m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v), m),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(v), m),
+    ]
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
+    debug_assert!(src.len() >= I2_BLOCK_BYTES && dst.len() >= I2_BLOCK_WEIGHTS);
+    let c = split4(load(src.as_ptr()));
+    for (n, cn) in c.iter().enumerate() {
+        store(dst.as_mut_ptr().add(64 * n), *cn);
+    }
+}
+
+/// TQ2_0 codes as four 64-lane vectors in natural order: code vector v holds weights
+/// 64v..64v+64. Each 32-byte half of the block (128 weights, shifts 0,2,4,6 ↔ 32-weight runs)
+/// is broadcast to both 256-bit lanes and shifted by a different amount per lane.
+#[inline(always)]
+unsafe fn tq2_codes(qs: *const u8) -> [__m512i; 4] {
+    let m = _mm512_set1_epi8(3);
+    // 16-bit lane shifts: lanes 0..16 (bytes 0..32) by s0, lanes 16..32 by s1.
+    let s01 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
+    let s23 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
+    let lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs as *const __m256i));
+    let hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32) as *const __m256i));
+    [
+        _mm512_and_si512(_mm512_srlv_epi16(lo, s01), m),
+        _mm512_and_si512(_mm512_srlv_epi16(lo, s23), m),
+        _mm512_and_si512(_mm512_srlv_epi16(hi, s01), m),
+        _mm512_and_si512(_mm512_srlv_epi16(hi, s23), m),
+    ]
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn decode_tq2_block(b: &BlockTq2_0, dst: &mut [u8]) {
+    debug_assert!(dst.len() >= QK_K);
+    let c = tq2_codes(b.qs.as_ptr());
+    for (v, cv) in c.iter().enumerate() {
+        store(dst.as_mut_ptr().add(64 * v), *cv);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
+    debug_assert!(codes.len() == x.len() && codes.len().is_multiple_of(256));
+    let (c, xp) = (codes.as_ptr(), x.as_ptr() as *const u8);
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for i in (0..codes.len()).step_by(256) {
+        for (n, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_dpbusd_epi32(*a, load(c.add(i + 64 * n)), load(xp.add(i + 64 * n)));
+        }
+    }
+    let s = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+    _mm512_reduce_add_epi32(s)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn and_planes(mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
+    let x_words = dst.len() / 2;
+    debug_assert!(sign.len() >= words && plane.len() >= words && x_words >= words);
+    let (dm, ds) = dst.split_at_mut(x_words);
+    let and_into = |src: &[u64], out: &mut [u64]| {
+        let mut w = 0;
+        while w < words {
+            // Masked loads/stores cover the last partial vector without reading past `words`.
+            let k: __mmask8 = if words - w >= 8 { 0xff } else { (1u8 << (words - w)) - 1 };
+            let v = _mm512_and_si512(
+                _mm512_maskz_loadu_epi64(k, src.as_ptr().add(w) as *const i64),
+                _mm512_maskz_loadu_epi64(k, plane.as_ptr().add(w) as *const i64),
+            );
+            _mm512_mask_storeu_epi64(out.as_mut_ptr().add(w) as *mut i64, k, v);
+            w += 8;
+        }
+        out[words..].fill(0);
+    };
+    if let Some(mask) = mask {
+        and_into(mask, dm);
+    }
+    and_into(sign, ds);
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn popcount(words: &[u64]) -> u32 {
+    let mut acc = _mm512_setzero_si512();
+    let mut w = 0;
+    while w < words.len() {
+        let k: __mmask8 = if words.len() - w >= 8 { 0xff } else { (1u8 << (words.len() - w)) - 1 };
+        let v = _mm512_maskz_loadu_epi64(k, words.as_ptr().add(w) as *const i64);
+        acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(v));
+        w += 8;
+    }
+    _mm512_reduce_add_epi64(acc) as u32
+}
+
+/// Tokens processed together per pass over a weight row.
+const GROUP: usize = 8;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let o = &mut out[i * batch..(i + 1) * batch];
+        let mut b0 = 0;
+        while b0 < batch {
+            // One token: 4 independent accumulators hide vpdpbusd latency; more tokens already
+            // give independent chains, so 2 per token keep the register count within 32.
+            match batch - b0 {
+                1 => i2_group::<1, 4>(w, r, x, b0, o),
+                2 => i2_group::<2, 2>(w, r, x, b0, o),
+                3 => i2_group::<3, 2>(w, r, x, b0, o),
+                4 => i2_group::<4, 2>(w, r, x, b0, o),
+                5 => i2_group::<5, 2>(w, r, x, b0, o),
+                6 => i2_group::<6, 2>(w, r, x, b0, o),
+                7 => i2_group::<7, 2>(w, r, x, b0, o),
+                _ => i2_group::<GROUP, 2>(w, r, x, b0, o),
+            }
+            b0 += GROUP.min(batch - b0);
+        }
+    }
+}
+
+/// One weight row × tokens `b0..b0+G`: each 64-byte block is loaded and split into four code
+/// vectors once, then multiplied with every token's four matching 64-byte activation chunks.
+#[inline(always)]
+unsafe fn i2_group<const G: usize, const A: usize>(
+    w: &I2Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    out: &mut [f32],
+) {
+    let src = w.row(r).as_ptr();
+    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let mut acc = [[_mm512_setzero_si512(); A]; G];
+    for blk in 0..w.full_blocks() {
+        let c = split4(load(src.add(blk * I2_BLOCK_BYTES)));
+        for g in 0..G {
+            let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
+            for n in 0..4 {
+                acc[g][n % A] = _mm512_dpbusd_epi32(acc[g][n % A], c[n], load(xb.add(64 * n)));
+            }
+        }
+    }
+    let (full, t) = (w.full_blocks(), w.tail_weights());
+    for g in 0..G {
+        let b = b0 + g;
+        let mut s = acc[g][0];
+        for a in 1..A {
+            s = _mm512_add_epi32(s, acc[g][a]);
+        }
+        let mut isum = _mm512_reduce_add_epi32(s);
+        if t > 0 {
+            isum += i2_tail_dot(&w.row(r)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
+        }
+        out[b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let o = &mut out[i * batch..(i + 1) * batch];
+        let mut b0 = 0;
+        while b0 < batch {
+            match batch - b0 {
+                1 => tq2_group::<1>(w, r, x, b0, o),
+                2 => tq2_group::<2>(w, r, x, b0, o),
+                3 => tq2_group::<3>(w, r, x, b0, o),
+                4 => tq2_group::<4>(w, r, x, b0, o),
+                5 => tq2_group::<5>(w, r, x, b0, o),
+                6 => tq2_group::<6>(w, r, x, b0, o),
+                7 => tq2_group::<7>(w, r, x, b0, o),
+                _ => tq2_group::<GROUP>(w, r, x, b0, o),
+            }
+            b0 += GROUP.min(batch - b0);
+        }
+    }
+}
+
+/// One TQ2_0 row × tokens `b0..b0+G`. Per block, the 16 i32 lanes are folded to 8, converted
+/// to f64 and multiplied by the block scale into f64 lane accumulators (exact: see the kernels
+/// module docs); the activation block sums are subtracted the same way in scalar f64.
+#[inline(always)]
+unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
+    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let bs: [&[i32]; G] = std::array::from_fn(|g| x.block_sums(b0 + g));
+    let mut facc = [_mm512_setzero_pd(); G];
+    let mut corr = [0f64; G];
+    for (blk, block) in w.row(r).iter().enumerate() {
+        let c = tq2_codes(block.qs.as_ptr());
+        let d = block.d.to_f64();
+        let dv = _mm512_set1_pd(d);
+        for g in 0..G {
+            let xb = xs[g].add(blk * QK_K);
+            let a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[0], load(xb));
+            let b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[1], load(xb.add(64)));
+            let a = _mm512_dpbusd_epi32(a, c[2], load(xb.add(128)));
+            let b = _mm512_dpbusd_epi32(b, c[3], load(xb.add(192)));
+            let s = _mm512_add_epi32(a, b);
+            let s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+            facc[g] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(s8), dv, facc[g]);
+            corr[g] += d * bs[g][blk] as f64;
+        }
+    }
+    for g in 0..G {
+        let acc = _mm512_reduce_add_pd(facc[g]) - corr[g];
+        out[b0 + g] = finish_blocks(acc, x.scale(b0 + g));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn tq1_fused(isa: Avx512, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    tq1_rows_with(isa, w, x, rows, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    let xw = x.plane_words();
+    for (i, r) in rows.enumerate() {
+        let (mask, sign, words, scale) = match w {
+            PackedWeights::BitPlanes(m) => {
+                let (mk, sg) = m.row_planes(r);
+                (Some(mk), sg, m.words(), m.scale())
+            }
+            PackedWeights::Binary(m) => (None, m.row_words(r), m.words(), m.scale()),
+            _ => unreachable!("xnor takes plane formats only"),
+        };
+        for b in 0..batch {
+            let planes = x.planes(b).as_ptr();
+            let mut nz = [_mm512_setzero_si512(); ACT_PLANES];
+            let mut neg = [_mm512_setzero_si512(); ACT_PLANES];
+            let mut wd = 0;
+            while wd < words {
+                let k: __mmask8 = if words - wd >= 8 { 0xff } else { (1u8 << (words - wd)) - 1 };
+                let s = _mm512_maskz_loadu_epi64(k, sign.as_ptr().add(wd) as *const i64);
+                let m = match mask {
+                    Some(mk) => _mm512_maskz_loadu_epi64(k, mk.as_ptr().add(wd) as *const i64),
+                    None => _mm512_setzero_si512(),
+                };
+                for p in 0..ACT_PLANES {
+                    let bp = _mm512_maskz_loadu_epi64(k, planes.add(p * xw + wd) as *const i64);
+                    neg[p] = _mm512_add_epi64(neg[p], _mm512_popcnt_epi64(_mm512_and_si512(s, bp)));
+                    if mask.is_some() {
+                        nz[p] = _mm512_add_epi64(nz[p], _mm512_popcnt_epi64(_mm512_and_si512(m, bp)));
+                    }
+                }
+                wd += 8;
+            }
+            let mut isum = 0i32;
+            for p in 0..ACT_PLANES {
+                let nz_c =
+                    if mask.is_some() { _mm512_reduce_add_epi64(nz[p]) as i32 } else { x.plane_counts(b)[p] as i32 };
+                let neg_c = _mm512_reduce_add_epi64(neg[p]) as i32;
+                isum += PLANE_WEIGHTS[p] * (nz_c - 2 * neg_c);
+            }
+            out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
+        }
+    }
+}

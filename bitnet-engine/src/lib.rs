@@ -1,0 +1,31 @@
+//! `bitnet-engine`: BitNet b1.58 inference on CPUs, built to be measured.
+//!
+//! - [`formats`]: packed ternary weights (I2, llama.cpp's TQ2_0 and TQ1_0, bit-planes, binary).
+//! - [`activations`]: per-token absmax int8 activations, block sums, bit-planes.
+//! - [`kernels`]: ternary × int8 matmul families at several ISA levels, chosen at run time,
+//!   all equal to a plain scalar oracle.
+//! - [`bandwidth`]: the memory read-bandwidth probe (the decode roofline).
+//!
+//! The engine depends on nothing heavy; the tools (`bitnet-trace`, `bitnet-bench`,
+//! `bitnet-diff`) depend on it.
+
+// Kernels index several arrays with one loop variable; iterator chains would hide that.
+#![allow(clippy::needless_range_loop)]
+
+pub mod activations;
+pub mod aligned;
+pub mod bandwidth;
+pub mod cpu;
+pub mod error;
+pub mod formats;
+pub mod kernels;
+pub mod rng;
+pub mod stages;
+pub mod ternary;
+
+pub use activations::ActivationBatch;
+pub use cpu::IsaLevel;
+pub use error::{Error, Result};
+pub use formats::{PackedWeights, WeightFormat};
+pub use kernels::{Kernel, KernelFamily, KernelForm, KernelScratch};
+pub use ternary::TernaryMatrix;
