@@ -12,9 +12,9 @@ use crate::error::Error;
 pub enum IsaLevel {
     /// Portable Rust, no intrinsics.
     Scalar,
-    /// AVX2 (+ FMA, POPCNT): `vpmaddubsw`, nibble-table popcount.
+    /// AVX2 (+ FMA, POPCNT, F16C): `vpmaddubsw`, nibble-table popcount.
     Avx2,
-    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`) and VPOPCNTDQ.
+    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`) and VPOPCNTDQ (and F16C).
     Avx512,
 }
 
@@ -48,8 +48,8 @@ impl IsaLevel {
     pub fn feature_names(self) -> &'static [&'static str] {
         match self {
             IsaLevel::Scalar => &[],
-            IsaLevel::Avx2 => &["avx2", "fma", "popcnt"],
-            IsaLevel::Avx512 => &["avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vpopcntdq"],
+            IsaLevel::Avx2 => &["avx2", "fma", "popcnt", "f16c"],
+            IsaLevel::Avx512 => &["avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vpopcntdq", "f16c"],
         }
     }
 
@@ -89,7 +89,7 @@ struct Features {
 fn features() -> Features {
     static F: OnceLock<Features> = OnceLock::new();
     *F.get_or_init(|| Features {
-        avx2: ["avx2", "fma", "popcnt"].iter().all(|f| detected(f)),
+        avx2: IsaLevel::Avx2.feature_names().iter().all(|f| detected(f)),
         avx512: IsaLevel::Avx512.feature_names().iter().all(|f| detected(f)),
     })
 }
@@ -100,6 +100,7 @@ fn detected(feature: &str) -> bool {
         "avx2" => is_x86_feature_detected!("avx2"),
         "fma" => is_x86_feature_detected!("fma"),
         "popcnt" => is_x86_feature_detected!("popcnt"),
+        "f16c" => is_x86_feature_detected!("f16c"),
         "avx512f" => is_x86_feature_detected!("avx512f"),
         "avx512bw" => is_x86_feature_detected!("avx512bw"),
         "avx512vl" => is_x86_feature_detected!("avx512vl"),
@@ -116,7 +117,7 @@ fn detected(_feature: &str) -> bool {
 
 /// Every feature of interest with whether it was detected, for system fingerprints.
 pub fn detected_features() -> Vec<(&'static str, bool)> {
-    ["avx2", "fma", "popcnt", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vpopcntdq"]
+    ["avx2", "fma", "popcnt", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512vpopcntdq"]
         .iter()
         .map(|f| (*f, detected(f)))
         .collect()

@@ -9,7 +9,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::portable::{i2_tail_dot, run, IsaOps};
-use super::x86_avx2::{decode_tq1_block as decode_tq1_block_avx2, tq1_rows_with};
+use super::x86_avx2::{
+    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, tq1_rows_with, PREFETCH_BYTES,
+};
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::cpu::IsaLevel;
@@ -97,7 +99,7 @@ unsafe fn split4(v: __m512i) -> [__m512i; 4] {
     ]
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
     debug_assert!(src.len() >= I2_BLOCK_BYTES && dst.len() >= I2_BLOCK_WEIGHTS);
     let c = split4(load(src.as_ptr()));
@@ -125,7 +127,7 @@ unsafe fn tq2_codes(qs: *const u8) -> [__m512i; 4] {
     ]
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn decode_tq2_block(b: &BlockTq2_0, dst: &mut [u8]) {
     debug_assert!(dst.len() >= QK_K);
     let c = tq2_codes(b.qs.as_ptr());
@@ -134,7 +136,7 @@ unsafe fn decode_tq2_block(b: &BlockTq2_0, dst: &mut [u8]) {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
     debug_assert!(codes.len() == x.len() && codes.len().is_multiple_of(256));
     let (c, xp) = (codes.as_ptr(), x.as_ptr() as *const u8);
@@ -148,7 +150,7 @@ unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
     _mm512_reduce_add_epi32(s)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn and_planes(mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
     let x_words = dst.len() / 2;
     debug_assert!(sign.len() >= words && plane.len() >= words && x_words >= words);
@@ -173,7 +175,7 @@ unsafe fn and_planes(mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: u
     and_into(sign, ds);
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn popcount(words: &[u64]) -> u32 {
     let mut acc = _mm512_setzero_si512();
     let mut w = 0;
@@ -189,7 +191,7 @@ unsafe fn popcount(words: &[u64]) -> u32 {
 /// Tokens processed together per pass over a weight row.
 const GROUP: usize = 8;
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
@@ -227,6 +229,7 @@ unsafe fn i2_group<const G: usize, const A: usize>(
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let mut acc = [[_mm512_setzero_si512(); A]; G];
     for blk in 0..w.full_blocks() {
+        prefetch_l2(src.wrapping_add(blk * I2_BLOCK_BYTES + PREFETCH_BYTES));
         let c = split4(load(src.add(blk * I2_BLOCK_BYTES)));
         for g in 0..G {
             let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
@@ -250,7 +253,7 @@ unsafe fn i2_group<const G: usize, const A: usize>(
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
@@ -282,8 +285,9 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     let mut facc = [_mm512_setzero_pd(); G];
     let mut corr = [0f64; G];
     for (blk, block) in w.row(r).iter().enumerate() {
+        prefetch_l2((block as *const BlockTq2_0 as *const u8).wrapping_add(PREFETCH_BYTES));
         let c = tq2_codes(block.qs.as_ptr());
-        let d = block.d.to_f64();
+        let d = f16_to_f64(block.d);
         let dv = _mm512_set1_pd(d);
         for g in 0..G {
             let xb = xs[g].add(blk * QK_K);
@@ -303,12 +307,12 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn tq1_fused(isa: Avx512, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     tq1_rows_with(isa, w, x, rows, out)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     let xw = x.plane_words();

@@ -1,0 +1,242 @@
+//! Kernel throughput sweep: every kernel on BitNet b1.58 2B4T matrix shapes, in cache and
+//! streaming from DRAM, quoted against the memory-bandwidth probe and the scalar oracle
+//! measured in the same run (these machines are shared and noisy: ratios, not absolutes).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
+use bitnet_engine::{ActivationBatch, Kernel, KernelFamily, KernelScratch, PackedWeights, WeightFormat};
+
+/// The linear-layer shapes (N outputs × K inputs) of BitNet b1.58 2B4T.
+pub const SHAPES_2B4T: [(&str, usize, usize); 4] = [
+    ("q/o 2560x2560", 2560, 2560),
+    ("k/v 640x2560", 640, 2560),
+    ("gate/up 6912x2560", 6912, 2560),
+    ("down 2560x6912", 2560, 6912),
+];
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// Batch sizes (B).
+    pub batches: Vec<usize>,
+    /// Kernels to run (default: every kernel this CPU supports).
+    pub kernels: Vec<Kernel>,
+    /// Minimum measuring time per case.
+    pub min_time: Duration,
+    /// Timed samples per case (median reported).
+    pub samples: usize,
+    /// Bytes of weights in the streaming case (0 = skip it).
+    pub streaming_bytes: usize,
+    /// Bytes of the bandwidth probe buffer.
+    pub probe_bytes: usize,
+    /// Shapes to run in cache (N, K).
+    pub shapes: Vec<(String, usize, usize)>,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        Self {
+            batches: vec![1, 8],
+            kernels: Kernel::all_supported(),
+            min_time: Duration::from_millis(40),
+            samples: 7,
+            streaming_bytes: 512 << 20,
+            probe_bytes: bitnet_engine::bandwidth::DEFAULT_PROBE_BYTES,
+            shapes: SHAPES_2B4T.iter().map(|(n, r, c)| (n.to_string(), *r, *c)).collect(),
+        }
+    }
+}
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct KernelResult {
+    pub kernel: String,
+    pub format: WeightFormat,
+    pub shape: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub batch: usize,
+    /// Whether weights streamed from DRAM (a set larger than the LLC) or stayed in cache.
+    pub streaming: bool,
+    /// Packed weight bytes read per call.
+    pub bytes_per_call: usize,
+    /// Median seconds per call.
+    pub secs_per_call: f64,
+    /// Packed weight bytes per second / 1e9.
+    pub gbps: f64,
+    /// Weight rows × batch per second (row-vector products per second).
+    pub row_products_per_sec: f64,
+}
+
+/// Everything one sweep measured.
+#[derive(Debug, Clone)]
+pub struct SweepReport {
+    pub probe: BandwidthReport,
+    pub results: Vec<KernelResult>,
+}
+
+fn activations(batch: usize, cols: usize) -> Result<ActivationBatch> {
+    let mut g = bitnet_engine::rng::SplitMix64::new(42);
+    let x: Vec<f32> = (0..batch * cols).map(|_| g.unit_f32() * 2.0 - 1.0).collect();
+    let mut a = ActivationBatch::new(batch, cols)?;
+    a.quantize(&x)?;
+    a.build_planes();
+    Ok(a)
+}
+
+/// Median seconds per call of `f`, each sample running it enough times to last `min_time`.
+fn time_calls(min_time: Duration, samples: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?; // warm-up (and page-in)
+    let start = Instant::now();
+    let mut calls = 0u64;
+    while start.elapsed() < min_time / 4 || calls == 0 {
+        f()?;
+        calls += 1;
+    }
+    let per_call = start.elapsed().as_secs_f64() / calls as f64;
+    let reps = ((min_time.as_secs_f64() / per_call).ceil() as u64).max(1);
+    let mut v = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        v.push(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+fn result(kernel: Kernel, w: &PackedWeights, shape: &str, batch: usize, streaming: bool, secs: f64) -> KernelResult {
+    let bytes = w.byte_len();
+    KernelResult {
+        kernel: kernel.name(),
+        format: w.format(),
+        shape: shape.to_string(),
+        rows: w.rows(),
+        cols: w.cols(),
+        batch,
+        streaming,
+        bytes_per_call: bytes,
+        secs_per_call: secs,
+        gbps: bytes as f64 / secs / 1e9,
+        row_products_per_sec: (w.rows() * batch) as f64 / secs,
+    }
+}
+
+/// Runs the sweep; `progress` gets one line per finished case.
+pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Result<SweepReport> {
+    if opts.batches.iter().any(|b| *b == 0) {
+        bail!("--batch values must be ≥ 1");
+    }
+    let probe = measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?;
+    let mut results = Vec::new();
+    let mut scratch = KernelScratch::new();
+    for (name, n, k) in &opts.shapes {
+        for kernel in &opts.kernels {
+            let format = kernel.family().native_format();
+            let w = format.random(*n, *k, 0.02, 7)?;
+            for &b in &opts.batches {
+                let x = activations(b, *k)?;
+                let mut out = vec![0f32; n * b];
+                // The oracle is ~100× slower: give it one short sample set.
+                let (min_time, samples) = if kernel.family() == KernelFamily::Scalar {
+                    (Duration::from_millis(1), 3)
+                } else {
+                    (opts.min_time, opts.samples)
+                };
+                let secs =
+                    time_calls(min_time, samples, || Ok(kernel.matmul(&w, &x, 0..*n, &mut out, &mut scratch)?))?;
+                let r = result(*kernel, &w, name, b, false, secs);
+                progress(&r);
+                results.push(r);
+            }
+        }
+    }
+    if opts.streaming_bytes > 0 {
+        // gate/up shape, enough distinct matrices that the set is ≫ LLC: each call reads weights
+        // the previous ~500 MiB of calls have evicted, as batch-1 decode does.
+        let (n, k) = (6912usize, 2560usize);
+        let mut best: Vec<Kernel> = opts
+            .kernels
+            .iter()
+            .filter(|k| k.family() != KernelFamily::Scalar && k.form() == bitnet_engine::KernelForm::Fused)
+            .copied()
+            .collect();
+        best.sort_by_key(|k| (k.family().name(), std::cmp::Reverse(k.isa())));
+        best.dedup_by_key(|k| k.family());
+        for kernel in best {
+            let format = kernel.family().native_format();
+            let one = format.random(n, k, 0.02, 0)?.byte_len();
+            let count = opts.streaming_bytes.div_ceil(one).max(2);
+            let set: Vec<PackedWeights> =
+                (0..count).map(|i| format.random(n, k, 0.02, i as u64)).collect::<Result<_, _>>()?;
+            for &b in &opts.batches {
+                let x = activations(b, k)?;
+                let mut out = vec![0f32; n * b];
+                let mut i = 0usize;
+                let secs = time_calls(opts.min_time.max(Duration::from_millis(200)), opts.samples, || {
+                    i = (i + 1) % set.len();
+                    Ok(kernel.matmul(&set[i], &x, 0..n, &mut out, &mut scratch)?)
+                })?;
+                let r = result(kernel, &set[0], &format!("stream {count}x 6912x2560"), b, true, secs);
+                progress(&r);
+                results.push(r);
+            }
+        }
+    }
+    Ok(SweepReport { probe, results })
+}
+
+/// A plain-text table of a sweep, with ratios against the probe and the oracle.
+pub fn table(report: &SweepReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let bw = report.probe.best_gbps;
+    let _ = writeln!(
+        s,
+        "memory read bandwidth (probe, {} MiB, {} thread, best of {}): {:.1} GB/s",
+        report.probe.bytes >> 20,
+        report.probe.threads,
+        report.probe.passes,
+        bw
+    );
+    let _ = writeln!(
+        s,
+        "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9} | {:>7} | {:>9} | {:>10} | {:>9} |",
+        "kernel", "format", "shape", "B", "µs/call", "GB/s", "% of bw", "Mrow·tok/s", "× oracle"
+    );
+    let _ = writeln!(
+        s,
+        "|{:-<26}|{:-<11}|{:-<28}|{:->5}|{:->11}|{:->9}|{:->11}|{:->12}|{:->11}|",
+        "", "", "", "", "", "", "", "", ""
+    );
+    for r in &report.results {
+        let oracle = report
+            .results
+            .iter()
+            .find(|o| o.kernel.starts_with("scalar/") && o.shape == r.shape && o.batch == r.batch)
+            .or_else(|| {
+                report.results.iter().find(|o| {
+                    o.kernel.starts_with("scalar/") && o.rows == r.rows && o.cols == r.cols && o.batch == r.batch
+                })
+            });
+        let speedup = oracle.map(|o| format!("{:.1}", o.secs_per_call / r.secs_per_call)).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            s,
+            "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9.1} | {:>7.2} | {:>8.0}% | {:>10.1} | {:>9} |",
+            r.kernel,
+            r.format.name(),
+            r.shape,
+            r.batch,
+            r.secs_per_call * 1e6,
+            r.gbps,
+            100.0 * r.gbps / bw,
+            r.row_products_per_sec / 1e6,
+            speedup
+        );
+    }
+    s
+}
