@@ -71,9 +71,6 @@ fn run(cli: Cli) -> Result<()> {
         None => KernelArgs { batch: vec![1, 8], streaming_mib: 512, probe_mib: 1024, ..Default::default() },
     };
     let mut opts = SweepOptions { batches: args.batch.clone(), ..Default::default() };
-    if args.batch.iter().any(|b| *b == 0) {
-        anyhow::bail!("--batch: batch sizes must be ≥ 1, got {:?}", args.batch);
-    }
     opts.kernels.retain(|k| {
         (args.kernels.is_empty() || args.kernels.contains(&k.family()) || k.family() == KernelFamily::Scalar)
             && (args.isa.is_empty() || args.isa.contains(&k.isa()) || k.family() == KernelFamily::Scalar)

@@ -45,6 +45,20 @@ impl ProbeBuffer {
         self.words.len() * 8
     }
 
+    /// Reads the whole buffer once with `threads` threads (each a contiguous share of whole
+    /// cache lines) and returns the wrapping sum of its words.
+    pub fn read_once(&self, threads: usize) -> u64 {
+        let threads = threads.max(1);
+        if threads == 1 {
+            return sum_words(&self.words);
+        }
+        let per = (self.words.len() / 8).div_ceil(threads) * 8;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self.words.chunks(per.max(8)).map(|c| s.spawn(move || sum_words(c))).collect();
+            handles.into_iter().map(|h| h.join().expect("probe thread panicked")).fold(0u64, |a, b| a.wrapping_add(b))
+        })
+    }
+
     /// Reads the whole buffer with `threads` threads, `passes` times (plus one warm-up).
     pub fn measure(&self, threads: usize, passes: usize) -> Result<BandwidthReport> {
         if threads == 0 || passes == 0 {
@@ -52,19 +66,12 @@ impl ProbeBuffer {
                 "bandwidth probe needs threads ≥ 1 and passes ≥ 1, got {threads} and {passes}"
             )));
         }
-        // Chunks of whole cache lines, one per thread.
-        let per = (self.words.len() / 8).div_ceil(threads) * 8;
-        let chunks: Vec<&[u64]> = self.words.chunks(per.max(8)).collect();
         let mut pass_gbps = Vec::with_capacity(passes);
         let mut checksum = 0;
         for pass in 0..=passes {
             let start = Instant::now();
-            let sums: Vec<u64> = std::thread::scope(|s| {
-                let handles: Vec<_> = chunks.iter().map(|c| s.spawn(move || sum_words(c))).collect();
-                handles.into_iter().map(|h| h.join().expect("probe thread panicked")).collect()
-            });
+            checksum = self.read_once(threads);
             let secs = start.elapsed().as_secs_f64();
-            checksum = sums.iter().fold(0u64, |a, b| a.wrapping_add(*b));
             if pass > 0 {
                 pass_gbps.push(self.bytes() as f64 / secs / 1e9);
             }

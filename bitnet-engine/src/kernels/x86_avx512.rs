@@ -194,62 +194,78 @@ const GROUP: usize = 8;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    for (i, r) in rows.enumerate() {
-        let o = &mut out[i * batch..(i + 1) * batch];
+    // Register tiles of R rows × G tokens × A accumulators (≤ 16 accumulators + 4R codes in the
+    // 32 zmm registers). Two rows per pass let every activation load feed two vpdpbusd, which
+    // matters because the loads, not the multiply-adds, limit the batched case; one token gets
+    // several accumulators per row to hide vpdpbusd latency.
+    let mut r = rows.start;
+    while r < rows.end {
+        let two = r + 2 <= rows.end;
+        let o = &mut out[(r - rows.start) * batch..];
         let mut b0 = 0;
         while b0 < batch {
-            // One token: 4 independent accumulators hide vpdpbusd latency; more tokens already
-            // give independent chains, so 2 per token keep the register count within 32.
-            match batch - b0 {
-                1 => i2_group::<1, 4>(w, r, x, b0, o),
-                2 => i2_group::<2, 2>(w, r, x, b0, o),
-                3 => i2_group::<3, 2>(w, r, x, b0, o),
-                4 => i2_group::<4, 2>(w, r, x, b0, o),
-                5 => i2_group::<5, 2>(w, r, x, b0, o),
-                6 => i2_group::<6, 2>(w, r, x, b0, o),
-                7 => i2_group::<7, 2>(w, r, x, b0, o),
-                _ => i2_group::<GROUP, 2>(w, r, x, b0, o),
+            let g = GROUP.min(batch - b0);
+            macro_rules! tile {
+                ($($n:literal => $a:literal),*) => {
+                    match (two, g) {
+                        $((true, $n) => i2_tile::<2, $n, $a>(w, r, x, b0, o),)*
+                        $((false, $n) => i2_tile::<1, $n, { if $n == 1 { 4 } else { $a } }>(w, r, x, b0, o),)*
+                        _ => unreachable!("group sizes are 1..=8"),
+                    }
+                };
             }
-            b0 += GROUP.min(batch - b0);
+            tile!(1 => 2, 2 => 2, 3 => 2, 4 => 2, 5 => 1, 6 => 1, 7 => 1, 8 => 1);
+            b0 += g;
         }
+        r += if two { 2 } else { 1 };
     }
 }
 
-/// One weight row × tokens `b0..b0+G`: each 64-byte block is loaded and split into four code
-/// vectors once, then multiplied with every token's four matching 64-byte activation chunks.
+/// Rows `r..r+R` × tokens `b0..b0+G`: each row's 64-byte block is loaded and split into four
+/// code vectors once, and each 64-byte activation chunk is loaded once for all R rows.
+/// Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn i2_group<const G: usize, const A: usize>(
+unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     w: &I2Matrix,
     r: usize,
     x: &ActivationBatch,
     b0: usize,
     out: &mut [f32],
 ) {
-    let src = w.row(r).as_ptr();
+    let batch = x.batch();
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
-    let mut acc = [[_mm512_setzero_si512(); A]; G];
+    let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
     for blk in 0..w.full_blocks() {
-        prefetch_l2(src.wrapping_add(blk * I2_BLOCK_BYTES + PREFETCH_BYTES));
-        let c = split4(load(src.add(blk * I2_BLOCK_BYTES)));
+        let off = blk * I2_BLOCK_BYTES;
+        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
+            prefetch_l2(src[i].wrapping_add(off + PREFETCH_BYTES));
+            split4(load(src[i].add(off)))
+        });
         for g in 0..G {
             let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
             for n in 0..4 {
-                acc[g][n % A] = _mm512_dpbusd_epi32(acc[g][n % A], c[n], load(xb.add(64 * n)));
+                let xv = load(xb.add(64 * n));
+                for i in 0..R {
+                    acc[i][g][n % A] = _mm512_dpbusd_epi32(acc[i][g][n % A], c[i][n], xv);
+                }
             }
         }
     }
     let (full, t) = (w.full_blocks(), w.tail_weights());
-    for g in 0..G {
-        let b = b0 + g;
-        let mut s = acc[g][0];
-        for a in 1..A {
-            s = _mm512_add_epi32(s, acc[g][a]);
+    for i in 0..R {
+        for g in 0..G {
+            let b = b0 + g;
+            let mut s = acc[i][g][0];
+            for a in 1..A {
+                s = _mm512_add_epi32(s, acc[i][g][a]);
+            }
+            let mut isum = _mm512_reduce_add_epi32(s);
+            if t > 0 {
+                isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
+            }
+            out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
-        let mut isum = _mm512_reduce_add_epi32(s);
-        if t > 0 {
-            isum += i2_tail_dot(&w.row(r)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
-        }
-        out[b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
     }
 }
 
