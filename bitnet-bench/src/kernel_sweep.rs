@@ -73,8 +73,17 @@ pub struct KernelResult {
 /// Everything one sweep measured.
 #[derive(Debug, Clone)]
 pub struct SweepReport {
-    pub probe: BandwidthReport,
+    /// Bandwidth probes before and after the kernels ran (shared machines drift; the roofline
+    /// is the better of the two, so percentages are never flattered by one slow probe).
+    pub probes: Vec<BandwidthReport>,
     pub results: Vec<KernelResult>,
+}
+
+impl SweepReport {
+    /// The roofline: the best probe's GB/s.
+    pub fn roofline_gbps(&self) -> f64 {
+        self.probes.iter().map(|p| p.best_gbps).fold(0.0, f64::max)
+    }
 }
 
 fn activations(batch: usize, cols: usize) -> Result<ActivationBatch> {
@@ -131,7 +140,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
     if opts.batches.contains(&0) {
         bail!("--batch: batch sizes must be ≥ 1, got {:?}", opts.batches);
     }
-    let probe = measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?;
+    let mut probes = vec![measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?];
     let mut results = Vec::new();
     let mut scratch = KernelScratch::new();
     for (name, n, k) in &opts.shapes {
@@ -187,20 +196,24 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
             }
         }
     }
-    Ok(SweepReport { probe, results })
+    probes.push(measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?);
+    Ok(SweepReport { probes, results })
 }
 
 /// A plain-text table of a sweep, with ratios against the probe and the oracle.
 pub fn table(report: &SweepReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let bw = report.probe.best_gbps;
+    let bw = report.roofline_gbps();
+    let p = &report.probes[0];
+    let each: Vec<String> = report.probes.iter().map(|p| format!("{:.1}", p.best_gbps)).collect();
     let _ = writeln!(
         s,
-        "memory read bandwidth (probe, {} MiB, {} thread, best of {}): {:.1} GB/s",
-        report.probe.bytes >> 20,
-        report.probe.threads,
-        report.probe.passes,
+        "memory read bandwidth (probe, {} MiB, {} thread, best of {} passes; before/after the kernels: {} GB/s): {:.1} GB/s",
+        p.bytes >> 20,
+        p.threads,
+        p.passes,
+        each.join(" / "),
         bw
     );
     let _ = writeln!(

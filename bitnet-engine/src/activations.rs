@@ -71,8 +71,9 @@ impl ActivationBatch {
     }
 
     /// Quantizes `x` (`[batch, cols]` f32) per token: scale = absmax / 127,
-    /// q = round_half_even(x / scale) ∈ [−127, 127]. An all-zero (or non-finite-free zero) token
-    /// gets scale 0 and q = 0. Allocates nothing.
+    /// q = round_half_even(x / scale) ∈ [−127, 127]. A token whose absmax is 0 or not finite
+    /// gets scale 0 and q = 0. Allocates nothing. Never inlined: it is the `quantize` stage.
+    #[inline(never)]
     pub fn quantize(&mut self, x: &[f32]) -> Result<()> {
         if x.len() != self.batch * self.cols {
             return Err(Error::Shape(format!(
@@ -140,7 +141,8 @@ impl ActivationBatch {
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
-    /// q = Σ_p PLANE_WEIGHTS[p] × bit_p(q).
+    /// q = Σ_p PLANE_WEIGHTS[p] × bit_p(q). Never inlined: part of the `quantize` stage.
+    #[inline(never)]
     pub fn build_planes(&mut self) {
         let words = self.words;
         for b in 0..self.batch {
