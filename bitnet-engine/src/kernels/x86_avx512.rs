@@ -9,9 +9,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::portable::{i2_tail_dot, run, IsaOps};
-use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, tq1_rows_with, PREFETCH_BYTES,
-};
+use super::x86_avx2::{decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_stream, tq1_rows_with};
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::cpu::IsaLevel;
@@ -239,7 +237,7 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     for blk in 0..w.full_blocks() {
         let off = blk * I2_BLOCK_BYTES;
         let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
-            prefetch_l2(src[i].wrapping_add(off + PREFETCH_BYTES));
+            prefetch_stream(src[i].add(off));
             split4(load(src[i].add(off)))
         });
         for g in 0..G {
@@ -301,7 +299,7 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     let mut facc = [_mm512_setzero_pd(); G];
     let mut corr = [0f64; G];
     for (blk, block) in w.row(r).iter().enumerate() {
-        prefetch_l2((block as *const BlockTq2_0 as *const u8).wrapping_add(PREFETCH_BYTES));
+        prefetch_stream(block as *const BlockTq2_0 as *const u8);
         let c = tq2_codes(block.qs.as_ptr());
         let d = f16_to_f64(block.d);
         let dv = _mm512_set1_pd(d);
