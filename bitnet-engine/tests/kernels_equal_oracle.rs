@@ -191,12 +191,21 @@ fn tq2_with_varied_block_scales_equals_oracle() {
     let m = TernaryMatrix::random(n, k, 1.0, 12);
     let packed = Tq2Matrix::pack(&m).unwrap();
     let mut g = SplitMix64::new(13);
+    // Every third row keeps one scale for all its blocks (the kernels' integer fast path), the
+    // others get a different scale per block, so both paths run side by side in one matrix.
+    let per_row = k / QK_K;
     let blocks: Vec<BlockTq2_0> = packed
         .blocks()
         .iter()
-        .map(|b| BlockTq2_0 { qs: b.qs, d: half::f16::from_f32(0.01 + g.unit_f32() * 0.09) })
+        .enumerate()
+        .map(|(i, b)| {
+            let d = if (i / per_row).is_multiple_of(3) { b.d } else { half::f16::from_f32(0.01 + g.unit_f32() * 0.09) };
+            BlockTq2_0 { qs: b.qs, d }
+        })
         .collect();
-    let w = PackedWeights::Tq2(Tq2Matrix::from_blocks(n, k, blocks).unwrap());
+    let m2 = Tq2Matrix::from_blocks(n, k, blocks).unwrap();
+    assert!((0..n).all(|r| m2.row_has_uniform_scale(r) == r.is_multiple_of(3)));
+    let w = PackedWeights::Tq2(m2);
     for b in [1, 5, 8, 9] {
         let x = activations(b, k, b as u64);
         let want = oracle(&w, &x, 0..n);

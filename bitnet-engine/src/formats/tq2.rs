@@ -58,6 +58,15 @@ pub struct Tq2Matrix {
     rows: usize,
     cols: usize,
     blocks: Vec<BlockTq2_0>,
+    /// `[rows]`: whether every block of the row has the same scale bits. BitNet tensors have one
+    /// scale, so quantizer output is uniform except for all-zero blocks; kernels then sum the
+    /// whole row in integers and scale once, which is exactly equal to scaling per block.
+    uniform: Vec<bool>,
+}
+
+/// Per row: do all of its blocks carry bit-identical scales? (Shared with TQ1_0.)
+pub(crate) fn uniform_rows<B>(blocks: &[B], per_row: usize, d: impl Fn(&B) -> f16) -> Vec<bool> {
+    blocks.chunks(per_row.max(1)).map(|row| row.iter().all(|b| d(b).to_bits() == d(&row[0]).to_bits())).collect()
 }
 
 impl Tq2Matrix {
@@ -71,7 +80,7 @@ impl Tq2Matrix {
                 blocks.push(pack_block(src, block_scale(src, m.scale)));
             }
         }
-        Ok(Self { rows: m.rows, cols: m.cols, blocks })
+        Self::from_blocks(m.rows, m.cols, blocks)
     }
 
     /// Random weights straight into blocks, every block with scale `scale`.
@@ -86,7 +95,7 @@ impl Tq2Matrix {
                 blocks.push(pack_block(&src, f16::from_f32(scale)));
             }
         }
-        Ok(Self { rows, cols, blocks })
+        Self::from_blocks(rows, cols, blocks)
     }
 
     /// Wraps blocks read from a file (e.g. a GGUF tensor).
@@ -102,7 +111,8 @@ impl Tq2Matrix {
         if let Some(i) = blocks.iter().position(|b| b.qs.iter().any(|q| (0..4).any(|n| (q >> (2 * n)) & 3 == 3))) {
             return Err(Error::Value(format!("TQ2_0 block {i} holds code 3, which is not a ternary code")));
         }
-        Ok(Self { rows, cols, blocks })
+        let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
+        Ok(Self { rows, cols, blocks, uniform })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
@@ -133,6 +143,11 @@ impl Tq2Matrix {
     }
     pub fn blocks_per_row(&self) -> usize {
         self.cols / QK_K
+    }
+    /// Whether every block of row `r` has the same scale (see the field's docs).
+    #[inline]
+    pub fn row_has_uniform_scale(&self, r: usize) -> bool {
+        self.uniform[r]
     }
     pub fn row(&self, r: usize) -> &[BlockTq2_0] {
         let n = self.blocks_per_row();
@@ -201,6 +216,17 @@ mod tests {
         assert!(
             matches!(Tq2Matrix::pack(&m), Err(Error::Shape(s)) if s.contains("multiple of 256") && s.contains("544"))
         );
+    }
+
+    #[test]
+    fn uniform_rows_are_detected() {
+        let m = TernaryMatrix::random(2, 512, 0.25, 5);
+        let p = Tq2Matrix::pack(&m).unwrap();
+        assert!(p.row_has_uniform_scale(0) && p.row_has_uniform_scale(1));
+        let mut blocks = p.blocks().to_vec();
+        blocks[3].d = f16::from_f32(0.5);
+        let q = Tq2Matrix::from_blocks(2, 512, blocks).unwrap();
+        assert!(q.row_has_uniform_scale(0) && !q.row_has_uniform_scale(1));
     }
 
     #[test]

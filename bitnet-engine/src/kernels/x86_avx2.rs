@@ -325,8 +325,24 @@ unsafe fn i2_group<const G: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, 
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
+        let uniform = w.row_has_uniform_scale(r);
         for b in 0..batch {
             let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
+            if uniform {
+                // One scale for the whole row: sum in integers, scale once (exact; see AVX-512).
+                let mut acc = _mm256_setzero_si256();
+                for (blk, block) in w.row(r).iter().enumerate() {
+                    prefetch_stream(block as *const BlockTq2_0 as *const u8);
+                    let xb = xp.add(blk * QK_K);
+                    let c0 = split4(load(block.qs.as_ptr()));
+                    let c1 = split4(load(block.qs.as_ptr().add(32)));
+                    acc = _mm256_add_epi32(acc, dot4(&c0, xb, [0, 32, 64, 96]));
+                    acc = _mm256_add_epi32(acc, dot4(&c1, xb, [128, 160, 192, 224]));
+                }
+                let d = f16_to_f64(w.row(r)[0].d);
+                out[i * batch + b] = finish_blocks(d * (hsum_i32(acc) - x.sum(b)) as f64, x.scale(b));
+                continue;
+            }
             let mut acc = 0f64;
             for (blk, block) in w.row(r).iter().enumerate() {
                 prefetch_stream(block as *const BlockTq2_0 as *const u8);

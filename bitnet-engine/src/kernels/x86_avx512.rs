@@ -294,6 +294,12 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
 /// module docs); the activation block sums are subtracted the same way in scalar f64.
 #[inline(always)]
 unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
+    if w.row_has_uniform_scale(r) {
+        if G == 1 {
+            return tq2_uniform::<G, 4>(w, r, x, b0, out);
+        }
+        return tq2_uniform::<G, 2>(w, r, x, b0, out);
+    }
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let bs: [&[i32]; G] = std::array::from_fn(|g| x.block_sums(b0 + g));
     let mut facc = [_mm512_setzero_pd(); G];
@@ -318,6 +324,41 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     for g in 0..G {
         let acc = _mm512_reduce_add_pd(facc[g]) - corr[g];
         out[b0 + g] = finish_blocks(acc, x.scale(b0 + g));
+    }
+}
+
+/// A TQ2_0 row whose blocks all share one scale `d`: Σ_blk d·isum_blk = d·Σ_blk isum_blk exactly
+/// (every partial sum is d times an integer below 2^31, exact in f64), so the row is summed in
+/// integers like I2 and scaled once. A accumulators per token hide vpdpbusd latency.
+#[inline(always)]
+unsafe fn tq2_uniform<const G: usize, const A: usize>(
+    w: &Tq2Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    out: &mut [f32],
+) {
+    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let mut acc = [[_mm512_setzero_si512(); A]; G];
+    let row = w.row(r);
+    for (blk, block) in row.iter().enumerate() {
+        prefetch_stream(block as *const BlockTq2_0 as *const u8);
+        let c = tq2_codes(block.qs.as_ptr());
+        for g in 0..G {
+            let xb = xs[g].add(blk * QK_K);
+            for n in 0..4 {
+                acc[g][n % A] = _mm512_dpbusd_epi32(acc[g][n % A], c[n], load(xb.add(64 * n)));
+            }
+        }
+    }
+    let d = f16_to_f64(row[0].d);
+    for g in 0..G {
+        let mut s = acc[g][0];
+        for a in 1..A {
+            s = _mm512_add_epi32(s, acc[g][a]);
+        }
+        let isum = _mm512_reduce_add_epi32(s) - x.sum(b0 + g);
+        out[b0 + g] = finish_blocks(d * isum as f64, x.scale(b0 + g));
     }
 }
 
