@@ -1,5 +1,5 @@
 //! What batch-1 decode really does: each call reads a matrix the previous calls evicted from
-//! every cache. The best (fused) kernel of each family cycles over ≥ 512 MiB of 6912×2560
+//! every cache. The best kernel of each family (`Kernel::best`) cycles over ≥ 512 MiB of 6912×2560
 //! matrices (16× the 32 MiB L3), beside the engine's memory-bandwidth probe (a STREAM-style read
 //! of 1 GiB): the probe's GB/s is the roofline the kernels are compared with.
 //!

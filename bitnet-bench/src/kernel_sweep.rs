@@ -168,10 +168,11 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         // gate/up shape, enough distinct matrices that the set is ≫ LLC: each call reads weights
         // the previous ~500 MiB of calls have evicted, as batch-1 decode does.
         let (n, k) = (6912usize, 2560usize);
+        // Each family's best kernel (best ISA, default form) among those selected.
         let mut best: Vec<Kernel> = opts
             .kernels
             .iter()
-            .filter(|k| k.family() != KernelFamily::Scalar && k.form() == bitnet_engine::KernelForm::Fused)
+            .filter(|k| k.family() != KernelFamily::Scalar && k.form() == k.family().default_form())
             .copied()
             .collect();
         best.sort_by_key(|k| (k.family().name(), std::cmp::Reverse(k.isa())));
