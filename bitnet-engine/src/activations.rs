@@ -20,7 +20,10 @@ pub const PLANE_WEIGHTS: [i32; ACT_PLANES] = [1, 2, 4, 8, 16, 32, 64, -128];
 /// quantizing a new batch of the same shape allocates nothing.
 #[derive(Debug, Clone)]
 pub struct ActivationBatch {
+    /// Vectors in use (≤ `capacity`).
     batch: usize,
+    /// Vectors the buffers hold.
+    capacity: usize,
     cols: usize,
     padded: usize,
     words: usize,
@@ -57,6 +60,7 @@ impl ActivationBatch {
         let words = padded / 64;
         Ok(Self {
             batch,
+            capacity: batch,
             cols,
             padded,
             words,
@@ -68,6 +72,22 @@ impl ActivationBatch {
             plane_counts: vec![0; batch * ACT_PLANES],
             planes_ready: false,
         })
+    }
+
+    /// Uses the first `batch` vectors of the storage (≤ the capacity it was made with), so one
+    /// buffer serves prefill chunks and decode batches of different sizes without allocating.
+    pub fn set_batch(&mut self, batch: usize) -> Result<()> {
+        if batch == 0 || batch > self.capacity {
+            return Err(Error::Shape(format!("activation batch {batch} is outside 1..={}", self.capacity)));
+        }
+        self.batch = batch;
+        self.planes_ready = false;
+        Ok(())
+    }
+
+    /// The most vectors this batch can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Quantizes `x` (`[batch, cols]` f32) per token: scale = absmax / 127,

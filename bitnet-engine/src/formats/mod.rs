@@ -2,6 +2,7 @@
 
 pub mod bitplanes;
 pub mod i2;
+pub mod int8;
 pub mod tq1;
 pub mod tq2;
 
@@ -13,6 +14,7 @@ use crate::ternary::TernaryMatrix;
 
 pub use bitplanes::{BinaryMatrix, BitPlaneMatrix};
 pub use i2::{BlockI2, I2Matrix};
+pub use int8::Int8Rows;
 pub use tq1::{BlockTq1_0, Tq1Matrix};
 pub use tq2::{BlockTq2_0, Tq2Matrix, QK_K};
 

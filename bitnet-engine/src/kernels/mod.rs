@@ -408,3 +408,45 @@ impl TileScales<'_> {
         }
     }
 }
+
+/// `out[(r − rows.start) × B + b] = Σ_k E[r][k] × x_b[k]` for int8 rows `E` (the LM head), scaled
+/// by the row's and the token's scales: `isum as f32 * row_scale * x_scale`. Uses the best ISA
+/// level at or below `isa` that this CPU has; every level gives identical results.
+pub fn int8_rows_matmul(
+    isa: IsaLevel,
+    m: &crate::formats::Int8Rows,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    if x.cols() != m.cols() {
+        return Err(Error::Shape(format!("int8 rows have K = {} but activations have K = {}", m.cols(), x.cols())));
+    }
+    if rows.end > m.rows() || out.len() != rows.len() * x.batch() {
+        return Err(Error::Shape(format!(
+            "int8 rows: rows {rows:?} of {} with {} tokens need {} outputs, got {}",
+            m.rows(),
+            x.batch(),
+            rows.len() * x.batch(),
+            out.len()
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= IsaLevel::Avx512 {
+        if let Some(t) = x86_avx512::Avx512::new() {
+            x86_avx512::int8_rows(t, m, x, rows, out);
+            return Ok(());
+        }
+    }
+    let _ = isa;
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let codes = m.row_codes(r);
+        for b in 0..batch {
+            let isum: i32 =
+                codes.iter().zip(x.token(b)).map(|(c, v)| *c as i32 * *v as i32).sum::<i32>() - 128 * x.sum(b);
+            out[i * batch + b] = finish_tensor(isum, m.scale(r), x.scale(b));
+        }
+    }
+    Ok(())
+}

@@ -412,3 +412,43 @@ unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>,
         }
     }
 }
+
+/// Int8-row matmul (LM head): codes `w + 128` × int8 tokens with `vpdpbusd`, minus 128·Σx.
+pub(crate) fn int8_rows(
+    _t: Avx512,
+    m: &crate::formats::Int8Rows,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // SAFETY: the token proves AVX-512 VNNI support; rows and out were bounds-checked by
+    // `int8_rows_matmul`, and code rows and tokens are both `stride` = padded K long.
+    unsafe { int8_rows_impl(m, x, rows, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
+unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    debug_assert_eq!(m.stride(), x.padded_cols());
+    for (i, r) in rows.enumerate() {
+        let codes = m.row_codes(r).as_ptr();
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = 4.min(batch - b0);
+            let mut acc = [_mm512_setzero_si512(); 4];
+            for off in (0..m.stride()).step_by(64) {
+                prefetch_stream(codes.add(off));
+                let c = load(codes.add(off));
+                for j in 0..g {
+                    acc[j] = _mm512_dpbusd_epi32(acc[j], c, load(x.token(b0 + j).as_ptr().add(off) as *const u8));
+                }
+            }
+            for j in 0..g {
+                let b = b0 + j;
+                let isum = _mm512_reduce_add_epi32(acc[j]) - 128 * x.sum(b);
+                out[i * batch + b] = finish_tensor(isum, m.scale(r), x.scale(b));
+            }
+            b0 += g;
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! The KV cache, at several precisions, quantized on write and dequantized on read.
+//!
+//! Each (layer, sequence, KV head, position) holds one key and one value vector of `head_dim`
+//! values, encoded independently (so a write never touches other entries):
+//!
+//! | precision | stored per vector of d values |
+//! |---|---|
+//! | `f32` | 4d bytes |
+//! | `f16`, `bf16` | 2d bytes |
+//! | `fp8` (E4M3) | d bytes + f16 scale (absmax → 448) |
+//! | `int8` | d bytes + f16 scale (absmax / 127, symmetric) |
+//! | `int4` | ⌈d/2⌉ bytes + f16 scale per group of 32 (absmax / 7, symmetric) |
+//! | `int2` | ⌈d/4⌉ bytes + f16 min and f16 step per group of 16 (4 levels, asymmetric) |
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+
+/// Storage precision of cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KvPrecision {
+    F32,
+    F16,
+    Bf16,
+    Fp8,
+    Int8,
+    Int4,
+    Int2,
+}
+
+const INT4_GROUP: usize = 32;
+const INT2_GROUP: usize = 16;
+
+impl KvPrecision {
+    pub const ALL: [KvPrecision; 7] = [
+        KvPrecision::F32,
+        KvPrecision::F16,
+        KvPrecision::Bf16,
+        KvPrecision::Fp8,
+        KvPrecision::Int8,
+        KvPrecision::Int4,
+        KvPrecision::Int2,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+            KvPrecision::Bf16 => "bf16",
+            KvPrecision::Fp8 => "fp8",
+            KvPrecision::Int8 => "int8",
+            KvPrecision::Int4 => "int4",
+            KvPrecision::Int2 => "int2",
+        }
+    }
+
+    /// Exact bytes of one encoded vector of `d` values.
+    pub fn bytes_per_vector(self, d: usize) -> usize {
+        match self {
+            KvPrecision::F32 => 4 * d,
+            KvPrecision::F16 | KvPrecision::Bf16 => 2 * d,
+            KvPrecision::Fp8 | KvPrecision::Int8 => d + 2,
+            KvPrecision::Int4 => d.div_ceil(2) + 2 * d.div_ceil(INT4_GROUP),
+            KvPrecision::Int2 => d.div_ceil(4) + 4 * d.div_ceil(INT2_GROUP),
+        }
+    }
+
+    /// Exact KV-cache bytes one token adds to one sequence (keys and values, all layers).
+    pub fn bytes_per_token(self, cfg: &ModelConfig) -> usize {
+        2 * cfg.layers * cfg.kv_heads * self.bytes_per_vector(cfg.head_dim())
+    }
+
+    /// Encodes `v` into `out` (`bytes_per_vector(v.len())` bytes).
+    pub fn encode(self, v: &[f32], out: &mut [u8]) {
+        let d = v.len();
+        debug_assert_eq!(out.len(), self.bytes_per_vector(d));
+        match self {
+            KvPrecision::F32 => {
+                for (o, x) in out.chunks_exact_mut(4).zip(v) {
+                    o.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            KvPrecision::F16 => {
+                for (o, x) in out.chunks_exact_mut(2).zip(v) {
+                    o.copy_from_slice(&f16::from_f32(*x).to_le_bytes());
+                }
+            }
+            KvPrecision::Bf16 => {
+                for (o, x) in out.chunks_exact_mut(2).zip(v) {
+                    o.copy_from_slice(&bf16::from_f32(*x).to_le_bytes());
+                }
+            }
+            KvPrecision::Fp8 => {
+                let absmax = absmax(v);
+                let scale = f16::from_f32(absmax / 448.0);
+                let inv = if scale.to_f32() > 0.0 { 1.0 / scale.to_f32() } else { 0.0 };
+                for (o, x) in out[..d].iter_mut().zip(v) {
+                    *o = e4m3_encode(x * inv);
+                }
+                out[d..].copy_from_slice(&scale.to_le_bytes());
+            }
+            KvPrecision::Int8 => {
+                let scale = f16::from_f32(absmax(v) / 127.0);
+                let inv = if scale.to_f32() > 0.0 { 1.0 / scale.to_f32() } else { 0.0 };
+                for (o, x) in out[..d].iter_mut().zip(v) {
+                    *o = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+                }
+                out[d..].copy_from_slice(&scale.to_le_bytes());
+            }
+            KvPrecision::Int4 => {
+                let (codes, scales) = out.split_at_mut(d.div_ceil(2));
+                codes.fill(0);
+                for (g, chunk) in v.chunks(INT4_GROUP).enumerate() {
+                    let scale = f16::from_f32(absmax(chunk) / 7.0);
+                    let inv = if scale.to_f32() > 0.0 { 1.0 / scale.to_f32() } else { 0.0 };
+                    scales[2 * g..2 * g + 2].copy_from_slice(&scale.to_le_bytes());
+                    for (j, x) in chunk.iter().enumerate() {
+                        let i = g * INT4_GROUP + j;
+                        let q = ((x * inv).round_ties_even().clamp(-7.0, 7.0) as i32 + 8) as u8; // 1..=15
+                        codes[i / 2] |= q << (4 * (i % 2));
+                    }
+                }
+            }
+            KvPrecision::Int2 => {
+                let (codes, params) = out.split_at_mut(d.div_ceil(4));
+                codes.fill(0);
+                for (g, chunk) in v.chunks(INT2_GROUP).enumerate() {
+                    let lo = chunk.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = chunk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let min = f16::from_f32(lo);
+                    let step = f16::from_f32((hi - min.to_f32()) / 3.0);
+                    let inv = if step.to_f32() > 0.0 { 1.0 / step.to_f32() } else { 0.0 };
+                    params[4 * g..4 * g + 2].copy_from_slice(&min.to_le_bytes());
+                    params[4 * g + 2..4 * g + 4].copy_from_slice(&step.to_le_bytes());
+                    for (j, x) in chunk.iter().enumerate() {
+                        let i = g * INT2_GROUP + j;
+                        let q = ((x - min.to_f32()) * inv).round_ties_even().clamp(0.0, 3.0) as u8;
+                        codes[i / 4] |= q << (2 * (i % 4));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes `d = out.len()` values from `bytes`.
+    pub fn decode(self, bytes: &[u8], out: &mut [f32]) {
+        let d = out.len();
+        let h = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+        match self {
+            KvPrecision::F32 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            KvPrecision::F16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = h(b);
+                }
+            }
+            KvPrecision::Bf16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            KvPrecision::Fp8 => {
+                let scale = h(&bytes[d..]);
+                let table = e4m3_table();
+                for (o, b) in out.iter_mut().zip(&bytes[..d]) {
+                    *o = table[*b as usize] * scale;
+                }
+            }
+            KvPrecision::Int8 => {
+                let scale = h(&bytes[d..]);
+                for (o, b) in out.iter_mut().zip(&bytes[..d]) {
+                    *o = *b as i8 as f32 * scale;
+                }
+            }
+            KvPrecision::Int4 => {
+                let (codes, scales) = bytes.split_at(d.div_ceil(2));
+                for (i, o) in out.iter_mut().enumerate() {
+                    let q = (codes[i / 2] >> (4 * (i % 2))) & 15;
+                    *o = (q as i32 - 8) as f32 * h(&scales[2 * (i / INT4_GROUP)..]);
+                }
+            }
+            KvPrecision::Int2 => {
+                let (codes, params) = bytes.split_at(d.div_ceil(4));
+                for (i, o) in out.iter_mut().enumerate() {
+                    let g = i / INT2_GROUP;
+                    let q = (codes[i / 4] >> (2 * (i % 4))) & 3;
+                    *o = h(&params[4 * g..]) + q as f32 * h(&params[4 * g + 2..]);
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KvPrecision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        KvPrecision::ALL.iter().copied().find(|p| p.name() == s).ok_or_else(|| Error::UnknownName {
+            what: "KV precision",
+            got: s.to_string(),
+            expected: KvPrecision::ALL.map(|p| p.name()).join(", "),
+        })
+    }
+}
+
+fn absmax(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+/// All 256 E4M3 (OCP FP8, "fn" variant: no infinities, 0x7F/0xFF are NaN) values.
+fn e4m3_table() -> &'static [f32; 256] {
+    static T: OnceLock<[f32; 256]> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [0f32; 256];
+        for (b, v) in t.iter_mut().enumerate() {
+            let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+            let exp = ((b >> 3) & 15) as i32;
+            let man = (b & 7) as f32;
+            *v = if b & 0x7f == 0x7f {
+                f32::NAN
+            } else if exp == 0 {
+                sign * man / 8.0 * 2f32.powi(-6)
+            } else {
+                sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+            };
+        }
+        t
+    })
+}
+
+/// Nearest E4M3 code (ties to even code), saturating at ±448; NaN maps to 0.
+fn e4m3_encode(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0;
+    }
+    let t = e4m3_table();
+    let sign = if x < 0.0 { 0x80u8 } else { 0 };
+    let a = x.abs();
+    // Positive codes 0..=0x7e are increasing; find the largest ≤ a by binary search.
+    let (mut lo, mut hi) = (0usize, 0x7e);
+    if a >= t[hi] {
+        return sign | hi as u8;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if t[mid] <= a {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let (dl, dh) = (a - t[lo], t[hi] - a);
+    let code = if dl < dh || (dl == dh && lo % 2 == 0) { lo } else { hi };
+    sign | code as u8
+}
+
+/// Keys and values of every layer for `seqs` sequences of up to `ctx` positions.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    precision: KvPrecision,
+    layers: usize,
+    seqs: usize,
+    kv_heads: usize,
+    ctx: usize,
+    head_dim: usize,
+    /// Bytes per encoded vector.
+    vec_bytes: usize,
+    /// Per layer, `[seqs, kv_heads, ctx, vec_bytes]`.
+    keys: Vec<Vec<u8>>,
+    /// Per layer, `[seqs, kv_heads, ctx, vec_bytes]`.
+    values: Vec<Vec<u8>>,
+}
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig, precision: KvPrecision, seqs: usize, ctx: usize) -> Result<Self> {
+        if seqs == 0 || ctx == 0 || ctx > cfg.max_context {
+            return Err(Error::Shape(format!(
+                "KV cache needs ≥ 1 sequence and 1 ≤ context ≤ {} (the model's maximum), got {seqs} and {ctx}",
+                cfg.max_context
+            )));
+        }
+        let vec_bytes = precision.bytes_per_vector(cfg.head_dim());
+        let per_layer = seqs * cfg.kv_heads * ctx * vec_bytes;
+        Ok(Self {
+            precision,
+            layers: cfg.layers,
+            seqs,
+            kv_heads: cfg.kv_heads,
+            ctx,
+            head_dim: cfg.head_dim(),
+            vec_bytes,
+            keys: vec![vec![0; per_layer]; cfg.layers],
+            values: vec![vec![0; per_layer]; cfg.layers],
+        })
+    }
+
+    /// Exact bytes the cache occupies.
+    pub fn byte_len(&self) -> usize {
+        2 * self.layers * self.seqs * self.kv_heads * self.ctx * self.vec_bytes
+    }
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
+    }
+    pub fn context(&self) -> usize {
+        self.ctx
+    }
+    pub fn sequences(&self) -> usize {
+        self.seqs
+    }
+
+    #[inline]
+    fn offset(&self, seq: usize, head: usize, pos: usize) -> usize {
+        ((seq * self.kv_heads + head) * self.ctx + pos) * self.vec_bytes
+    }
+
+    /// Stores the key and value of one (layer, sequence, head, position).
+    pub fn write(&mut self, layer: usize, seq: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let o = self.offset(seq, head, pos);
+        let n = self.vec_bytes;
+        self.precision.encode(k, &mut self.keys[layer][o..o + n]);
+        self.precision.encode(v, &mut self.values[layer][o..o + n]);
+    }
+
+    /// Decodes the key at (layer, sequence, head, position) into `out` (`head_dim` floats).
+    #[inline]
+    pub fn read_key(&self, layer: usize, seq: usize, head: usize, pos: usize, out: &mut [f32]) {
+        let o = self.offset(seq, head, pos);
+        self.precision.decode(&self.keys[layer][o..o + self.vec_bytes], &mut out[..self.head_dim]);
+    }
+
+    #[inline]
+    pub fn read_value(&self, layer: usize, seq: usize, head: usize, pos: usize, out: &mut [f32]) {
+        let o = self.offset(seq, head, pos);
+        self.precision.decode(&self.values[layer][o..o + self.vec_bytes], &mut out[..self.head_dim]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_table_and_rounding() {
+        let t = e4m3_table();
+        assert_eq!(t[0x7e], 448.0);
+        assert_eq!(t[0x08], 2f32.powi(-6));
+        assert_eq!(t[0x01], 2f32.powi(-9));
+        assert!(t[0x7f].is_nan());
+        for b in 0..0x7fu8 {
+            assert_eq!(e4m3_encode(t[b as usize]), b, "exact value of code {b:#x}");
+            assert_eq!(e4m3_encode(-t[b as usize]) & 0x7f, b);
+        }
+        assert_eq!(e4m3_encode(1000.0), 0x7e);
+        // 1.0 (0x38) and 1.125 (0x39): the midpoint ties to the even code.
+        assert_eq!(e4m3_encode(1.0625), 0x38);
+        assert_eq!(e4m3_encode(1.07), 0x39);
+    }
+
+    #[test]
+    fn round_trip_errors_are_ordered_by_precision() {
+        let d = 100; // 3B's head size: not a multiple of any group size
+        let v: Vec<f32> = (0..d).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 31.0).collect();
+        let mut errs = Vec::new();
+        for p in KvPrecision::ALL {
+            let mut bytes = vec![0u8; p.bytes_per_vector(d)];
+            p.encode(&v, &mut bytes);
+            let mut back = vec![0f32; d];
+            p.decode(&bytes, &mut back);
+            let err = v.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            errs.push((p, err));
+        }
+        assert_eq!(errs[0].1, 0.0, "f32 is exact");
+        let e = |p: KvPrecision| errs.iter().find(|(q, _)| *q == p).unwrap().1;
+        assert!(e(KvPrecision::F16) < e(KvPrecision::Int8));
+        assert!(e(KvPrecision::Int8) < e(KvPrecision::Int4));
+        assert!(e(KvPrecision::Int4) < e(KvPrecision::Int2));
+        assert!(e(KvPrecision::Fp8) < e(KvPrecision::Int4));
+        let range = 105.0 / 31.0 * 2.0;
+        assert!(e(KvPrecision::Int2) <= range / 3.0 * 0.5 * 1.01 + 1e-3, "{errs:?}");
+    }
+
+    #[test]
+    fn bytes_per_token_are_exact() {
+        let cfg = ModelConfig::preset("bitnet-b1.58-2b-4t").unwrap();
+        // 2 (K,V) × 30 layers × 5 KV heads × 128 dims × 2 bytes.
+        assert_eq!(KvPrecision::F16.bytes_per_token(&cfg), 2 * 30 * 5 * 128 * 2);
+        assert_eq!(KvPrecision::Int4.bytes_per_vector(128), 64 + 8);
+        assert_eq!(KvPrecision::Int2.bytes_per_vector(100), 25 + 4 * 7);
+        let c = KvCache::new(&cfg, KvPrecision::Int8, 2, 64).unwrap();
+        assert_eq!(c.byte_len(), 2 * 64 * KvPrecision::Int8.bytes_per_token(&cfg));
+        assert!(KvCache::new(&cfg, KvPrecision::F16, 1, 5000).unwrap_err().to_string().contains("4096"));
+    }
+
+    #[test]
+    fn writes_do_not_disturb_neighbours() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let mut c = KvCache::new(&cfg, KvPrecision::Int4, 2, 8).unwrap();
+        let d = cfg.head_dim();
+        let a: Vec<f32> = (0..d).map(|i| i as f32 / 10.0).collect();
+        let b: Vec<f32> = (0..d).map(|i| -(i as f32) / 7.0).collect();
+        c.write(1, 1, 1, 3, &a, &b);
+        c.write(1, 1, 1, 4, &b, &a);
+        let mut out = vec![0f32; d];
+        // int4: error at most half a step, absmax / 14 (plus the f16 rounding of the scale).
+        let close = |out: &[f32], want: &[f32]| {
+            let tol = absmax(want) / 14.0 * 1.01;
+            out.iter().zip(want).all(|(x, y)| (x - y).abs() <= tol)
+        };
+        c.read_key(1, 1, 1, 3, &mut out);
+        assert!(close(&out, &a), "{out:?}");
+        c.read_value(1, 1, 1, 4, &mut out);
+        assert!(close(&out, &a), "{out:?}");
+        c.read_key(1, 1, 1, 4, &mut out);
+        assert!(close(&out, &b), "{out:?}");
+        c.read_value(1, 1, 1, 3, &mut out);
+        assert!(close(&out, &b), "{out:?}");
+    }
+}

@@ -1,0 +1,17 @@
+//! The BitNet b1.58 model: config, weights, KV cache, worker pool, forward pass and a plain
+//! reference forward for tests.
+
+pub mod config;
+pub mod forward;
+pub mod generate;
+pub mod kv_cache;
+pub mod pool;
+pub mod reference;
+pub mod weights;
+
+pub use config::{FfnActivation, ModelConfig, PRESETS};
+pub use forward::{argmax, LogitsFor, Model, State, StateOptions};
+pub use generate::{greedy, greedy_batch, kv_quality, prefill, Generation, KvQuality};
+pub use kv_cache::{KvCache, KvPrecision};
+pub use pool::WorkerPool;
+pub use weights::{LayerWeights, Weights};

@@ -1,0 +1,324 @@
+//! A persistent worker pool: no thread is spawned per matmul, and dispatching a job neither
+//! allocates nor locks while the workers are awake.
+//!
+//! `split` hands every thread (the caller is thread 0) one contiguous chunk of an output slice
+//! and its own scratch object; the chunks are disjoint by construction. Workers spin briefly
+//! on a generation counter for the next job (decode dispatches jobs every few microseconds),
+//! then sleep on a condition variable, which the caller only touches when someone sleeps.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// How long an idle worker spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A job as stored for the workers, its lifetime erased (see `run`).
+type Job = dyn Fn(usize) + Sync + 'static;
+
+struct Shared {
+    /// Bumped once per job; workers run the job when they see it change.
+    generation: AtomicUsize,
+    /// The current job, valid while `remaining > 0` (see `run`).
+    job: UnsafeCell<Option<*const Job>>,
+    /// Workers that have not finished the current job.
+    remaining: AtomicUsize,
+    /// Workers asleep on `wake`.
+    sleepers: AtomicUsize,
+    stop: AtomicBool,
+    panicked: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written only by `run` before it publishes the generation (SeqCst) and read by
+// workers only after they observe that generation; `run` does not return (and so does not
+// write `job` again) until every worker has finished with it (`remaining == 0`).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// A fixed set of worker threads.
+pub struct WorkerPool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+    threads: usize,
+    pinned: bool,
+}
+
+impl WorkerPool {
+    /// A pool of `threads` threads in all (the caller counts as one). With `pin`, thread i is
+    /// pinned to core i where the OS allows it (reported by [`WorkerPool::pinned`]).
+    pub fn new(threads: usize, pin: bool) -> Result<Self> {
+        if threads == 0 {
+            return Err(Error::Shape("worker pool needs at least 1 thread".into()));
+        }
+        let shared = Arc::new(Shared {
+            generation: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            remaining: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let cores = if pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let mut pinned = pin && cores.len() >= threads;
+        if pinned {
+            pinned &= core_affinity::set_for_current(cores[0]);
+        }
+        let mut handles = Vec::with_capacity(threads - 1);
+        for i in 1..threads {
+            let s = Arc::clone(&shared);
+            let core = if pinned { Some(cores[i]) } else { None };
+            let h = std::thread::Builder::new()
+                .name(format!("bitnet-worker-{i}"))
+                .spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(c);
+                    }
+                    worker_loop(&s, i)
+                })
+                .map_err(|e| Error::Unsupported(format!("cannot start worker thread: {e}")))?;
+            handles.push(h);
+        }
+        Ok(Self { shared, handles, threads, pinned })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Whether threads were pinned to cores.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// Runs `f(i)` on every thread i in 0..threads (i = 0 on the caller) and returns when all
+    /// are done. A panic in any of them is re-raised here.
+    fn run<'a>(&self, f: &'a (dyn Fn(usize) + Sync + 'a)) {
+        if self.threads == 1 {
+            f(0);
+            return;
+        }
+        let s = &*self.shared;
+        // SAFETY: no worker reads `job` now: the previous job finished (`remaining` reached 0
+        // before the last `run` returned) and the generation has not been bumped yet. The
+        // lifetime is erased, but the pointer is only used until `remaining` reaches 0 below,
+        // while `f` is still borrowed by this call.
+        unsafe {
+            *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize) + Sync + 'a), *const Job>(f));
+        }
+        s.remaining.store(self.threads - 1, SeqCst);
+        s.generation.fetch_add(1, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        while s.remaining.load(Acquire) > 0 {
+            std::hint::spin_loop();
+        }
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
+        if s.panicked.swap(false, SeqCst) {
+            panic!("a bitnet worker thread panicked");
+        }
+    }
+
+    /// Splits `out` into one contiguous chunk per thread, each a whole number of `unit`s and
+    /// (except the last) a multiple of `align` units, and runs
+    /// `f(first_unit, chunk, &mut scratch[i])` on thread i. `scratch` needs ≥ `threads` items.
+    pub fn split<T: Send, S: Send>(
+        &self,
+        out: &mut [T],
+        unit: usize,
+        align: usize,
+        scratch: &mut [S],
+        f: impl Fn(usize, &mut [T], &mut S) + Sync,
+    ) {
+        assert!(unit > 0 && out.len().is_multiple_of(unit), "split: output length is not a whole number of units");
+        assert!(scratch.len() >= self.threads, "split: need one scratch per thread");
+        let units = out.len() / unit;
+        let parts = DisjointParts::new(out);
+        let scratch = DisjointParts::new(scratch);
+        let threads = self.threads;
+        self.run(&|i| {
+            let r = chunk_range(units, threads, align.max(1), i);
+            // SAFETY: `chunk_range` gives each thread index a disjoint range of units, each
+            // thread index runs exactly once per `run`, and scratch item i is used by thread i
+            // only; `run` returns only when all threads are done, while `out` and `scratch` are
+            // still exclusively borrowed by this call.
+            let (chunk, s) = unsafe { (parts.slice(r.start * unit..r.end * unit), scratch.item(i)) };
+            if !chunk.is_empty() {
+                f(r.start, chunk, s);
+            }
+        });
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, SeqCst);
+        self.shared.generation.fetch_add(1, SeqCst);
+        {
+            let _g = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Units `[start, end)` of thread `i` when `units` are shared by `threads`, boundaries on
+/// multiples of `align`.
+pub fn chunk_range(units: usize, threads: usize, align: usize, i: usize) -> Range<usize> {
+    let blocks = units.div_ceil(align);
+    let (per, extra) = (blocks / threads, blocks % threads);
+    let b0 = i * per + i.min(extra);
+    let b1 = b0 + per + usize::from(i < extra);
+    (b0 * align).min(units)..(b1 * align).min(units)
+}
+
+fn worker_loop(s: &Shared, index: usize) {
+    let mut seen = 0usize;
+    loop {
+        // Wait for a new generation: spin, then sleep.
+        let start = Instant::now();
+        let mut gen = s.generation.load(SeqCst);
+        while gen == seen {
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, SeqCst);
+                while s.generation.load(SeqCst) == seen {
+                    g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                s.sleepers.fetch_sub(1, SeqCst);
+            }
+            gen = s.generation.load(SeqCst);
+        }
+        seen = gen;
+        if s.stop.load(SeqCst) {
+            return;
+        }
+        // SAFETY: the generation was published after `job` was written (SeqCst) and `run`
+        // keeps the job alive until `remaining` reaches 0, which happens only after this call.
+        let job = unsafe { (*s.job.get()).expect("job set before the generation bump") };
+        let r: std::result::Result<(), Box<dyn Any + Send>> =
+            catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(index) }));
+        if r.is_err() {
+            s.panicked.store(true, SeqCst);
+        }
+        s.remaining.fetch_sub(1, Release);
+    }
+}
+
+/// Hands out disjoint mutable parts of a slice to threads (see the SAFETY notes at the uses).
+struct DisjointParts<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: parts are only handed out for disjoint ranges (callers' contract), so sharing the
+// handle across threads is like sending disjoint `&mut` slices, which needs `T: Send`.
+unsafe impl<T: Send> Sync for DisjointParts<'_, T> {}
+
+impl<'a, T> DisjointParts<'a, T> {
+    fn new(s: &'a mut [T]) -> Self {
+        Self { ptr: s.as_mut_ptr(), len: s.len(), _borrow: PhantomData }
+    }
+
+    /// SAFETY: no two live results may overlap.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, r: Range<usize>) -> &'a mut [T] {
+        assert!(r.start <= r.end && r.end <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start)
+    }
+
+    /// SAFETY: no two live results may be the same item.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn item(&self, i: usize) -> &'a mut T {
+        assert!(i < self.len);
+        &mut *self.ptr.add(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_everything_once_and_respect_alignment() {
+        for units in [0, 1, 5, 64, 100, 641] {
+            for threads in 1..5 {
+                for align in [1, 2, 16] {
+                    let mut next = 0;
+                    for i in 0..threads {
+                        let r = chunk_range(units, threads, align, i);
+                        assert_eq!(r.start, next);
+                        if r.end < units {
+                            assert_eq!(r.end % align, 0);
+                        }
+                        next = r.end;
+                    }
+                    assert_eq!(next, units);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn split_runs_every_chunk_on_its_own_thread() {
+        for threads in [1, 2, 3] {
+            let pool = WorkerPool::new(threads, false).unwrap();
+            let mut out = vec![0usize; 3 * 100];
+            let mut scratch = vec![0usize; threads];
+            for round in 0..50 {
+                pool.split(&mut out, 3, 2, &mut scratch, |first, chunk, s| {
+                    *s += 1;
+                    for (j, v) in chunk.iter_mut().enumerate() {
+                        *v = (first * 3 + j) * 1000 + round;
+                    }
+                });
+                assert!(out.iter().enumerate().all(|(j, v)| *v == j * 1000 + round));
+            }
+            assert!(scratch.iter().all(|s| *s == 50), "{scratch:?}");
+        }
+    }
+
+    #[test]
+    fn sleeping_workers_wake_up() {
+        let pool = WorkerPool::new(2, false).unwrap();
+        let mut out = vec![0u8; 2];
+        let mut scratch = vec![(); 2];
+        std::thread::sleep(SPIN * 5);
+        pool.split(&mut out, 1, 1, &mut scratch, |first, chunk, _| chunk[0] = first as u8 + 1);
+        assert_eq!(out, [1, 2]);
+    }
+
+    #[test]
+    fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
+        let pool = WorkerPool::new(2, false).unwrap();
+        let mut out = vec![0u8; 2];
+        let mut scratch = vec![(); 2];
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.split(&mut out, 1, 1, &mut scratch, |first, _, _| assert!(first == 0, "boom"));
+        }));
+        assert!(r.is_err());
+        pool.split(&mut out, 1, 1, &mut scratch, |first, chunk, _| chunk[0] = first as u8 + 7);
+        assert_eq!(out, [7, 8]);
+    }
+}

@@ -1,0 +1,173 @@
+//! Model weights: ternary linear layers in a packed format, f32 norms, int8 embedding/LM head.
+//! Synthetic weights are generated deterministically from a seed.
+
+use crate::error::Result;
+use crate::formats::{Int8Rows, PackedWeights, WeightFormat};
+use crate::model::config::ModelConfig;
+use crate::rng::SplitMix64;
+
+/// One decoder layer. Shapes are `[out, in]`.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// `[hidden]`
+    pub attn_norm: Vec<f32>,
+    /// `[q_dim, hidden]`
+    pub wq: PackedWeights,
+    /// `[kv_dim, hidden]`
+    pub wk: PackedWeights,
+    /// `[kv_dim, hidden]`
+    pub wv: PackedWeights,
+    /// `[q_dim]`, applied to the attention output before `wo` (BitNet b1.58's sub-norm).
+    pub attn_sub_norm: Option<Vec<f32>>,
+    /// `[hidden, q_dim]`
+    pub wo: PackedWeights,
+    /// `[hidden]`
+    pub ffn_norm: Vec<f32>,
+    /// `[ffn, hidden]`
+    pub w_gate: PackedWeights,
+    /// `[ffn, hidden]`
+    pub w_up: PackedWeights,
+    /// `[ffn]`, applied before `w_down`.
+    pub ffn_sub_norm: Option<Vec<f32>>,
+    /// `[hidden, ffn]`
+    pub w_down: PackedWeights,
+}
+
+/// All weights of a model.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// `[vocab, hidden]` int8 with a scale per row.
+    pub token_embd: Int8Rows,
+    pub layers: Vec<LayerWeights>,
+    /// `[hidden]`
+    pub output_norm: Vec<f32>,
+    /// `[vocab, hidden]`; `None` when tied to `token_embd`.
+    pub lm_head: Option<Int8Rows>,
+}
+
+impl Weights {
+    /// The matrix the LM head multiplies by.
+    pub fn lm_head(&self) -> &Int8Rows {
+        self.lm_head.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    /// Bytes of ternary linear weights.
+    pub fn linear_bytes(&self) -> usize {
+        self.layers.iter().flat_map(|l| l.linears()).map(|w| w.byte_len()).sum()
+    }
+
+    /// Bytes a decode step reads: every linear weight, the LM head and the norms (the
+    /// embedding lookup reads one row; the KV cache is counted separately).
+    pub fn bytes_read_per_token(&self) -> usize {
+        let norms: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                4 * (l.attn_norm.len()
+                    + l.ffn_norm.len()
+                    + l.attn_sub_norm.as_ref().map_or(0, |v| v.len())
+                    + l.ffn_sub_norm.as_ref().map_or(0, |v| v.len()))
+            })
+            .sum();
+        self.linear_bytes() + self.lm_head().byte_len() + norms + 4 * self.output_norm.len()
+    }
+
+    /// Deterministic synthetic weights with the shapes of `cfg`: ternary linear layers with
+    /// about a third zeros in `format` and scales that give unit-variance outputs for
+    /// unit-variance inputs, norms near 1, an embedding with standard deviation 1/√hidden.
+    /// Layers are generated in parallel on `threads` threads, each from its own seed stream, so
+    /// the result does not depend on the thread count.
+    pub fn synthetic(cfg: &ModelConfig, format: WeightFormat, seed: u64, threads: usize) -> Result<Self> {
+        cfg.validate()?;
+        let threads = threads.max(1);
+        let mut layers: Vec<Option<Result<LayerWeights>>> = (0..cfg.layers).map(|_| None).collect();
+        std::thread::scope(|s| {
+            for (t, chunk) in layers.chunks_mut(cfg.layers.div_ceil(threads)).enumerate() {
+                let first = t * cfg.layers.div_ceil(threads);
+                s.spawn(move || {
+                    for (i, slot) in chunk.iter_mut().enumerate() {
+                        *slot = Some(synthetic_layer(cfg, format, seed, first + i));
+                    }
+                });
+            }
+        });
+        let layers = layers.into_iter().map(|l| l.expect("every layer generated")).collect::<Result<Vec<_>>>()?;
+        let embd_std = 1.0 / (cfg.hidden as f32).sqrt();
+        let token_embd = synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0xE1BD, threads);
+        let lm_head =
+            (!cfg.tied_embeddings).then(|| synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0x1EAD, threads));
+        let output_norm = norm_vector(cfg.hidden, seed ^ 0x0077);
+        Ok(Self { token_embd, layers, output_norm, lm_head })
+    }
+}
+
+impl LayerWeights {
+    /// The seven ternary projections, in the order q, k, v, o, gate, up, down.
+    pub fn linears(&self) -> [&PackedWeights; 7] {
+        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
+    }
+}
+
+fn norm_vector(n: usize, seed: u64) -> Vec<f32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n).map(|_| 1.0 + (g.unit_f32() - 0.5) * 0.2).collect()
+}
+
+/// Scale β for a ternary [out, in] layer so that unit-variance inputs give unit-variance
+/// outputs: var = in × (2/3) × β². (With smaller residual contributions, or a larger
+/// embedding, a random tied-embedding model just echoes its input token under greedy decoding.)
+fn ternary_scale(inputs: usize) -> f32 {
+    1.0 / (inputs as f32 * 2.0 / 3.0).sqrt()
+}
+
+fn synthetic_layer(cfg: &ModelConfig, format: WeightFormat, seed: u64, layer: usize) -> Result<LayerWeights> {
+    let s = |tensor: u64| seed.wrapping_mul(0x100_0000_01B3) ^ ((layer as u64) << 8 | tensor);
+    let lin = |rows: usize, cols: usize, tensor: u64| format.random(rows, cols, ternary_scale(cols), s(tensor));
+    Ok(LayerWeights {
+        attn_norm: norm_vector(cfg.hidden, s(1)),
+        wq: lin(cfg.q_dim(), cfg.hidden, 2)?,
+        wk: lin(cfg.kv_dim(), cfg.hidden, 3)?,
+        wv: lin(cfg.kv_dim(), cfg.hidden, 4)?,
+        attn_sub_norm: cfg.sub_norms.then(|| norm_vector(cfg.q_dim(), s(5))),
+        wo: lin(cfg.hidden, cfg.q_dim(), 6)?,
+        ffn_norm: norm_vector(cfg.hidden, s(7)),
+        w_gate: lin(cfg.ffn, cfg.hidden, 8)?,
+        w_up: lin(cfg.ffn, cfg.hidden, 9)?,
+        ffn_sub_norm: cfg.sub_norms.then(|| norm_vector(cfg.ffn, s(10))),
+        w_down: lin(cfg.hidden, cfg.ffn, 11)?,
+    })
+}
+
+/// Int8 rows of approximately normal values with standard deviation `std` (sum of 4 uniforms).
+fn synthetic_int8(rows: usize, cols: usize, std: f32, seed: u64, threads: usize) -> Int8Rows {
+    let mut m = Int8Rows::zeroed(rows, cols);
+    let per = rows.div_ceil(threads.max(1));
+    let parts: Vec<(usize, Int8Rows)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                s.spawn(move || {
+                    let (r0, r1) = (t * per, ((t + 1) * per).min(rows));
+                    let mut part = Int8Rows::zeroed(r1.saturating_sub(r0).max(1), cols);
+                    let mut row = vec![0f32; cols];
+                    for r in r0..r1 {
+                        let mut g = SplitMix64::stream(seed, r as u64);
+                        for v in row.iter_mut() {
+                            // Irwin–Hall(4) centred: variance 4/12 → scale to `std`.
+                            let u = g.unit_f32() + g.unit_f32() + g.unit_f32() + g.unit_f32() - 2.0;
+                            *v = u * std * 3f32.sqrt();
+                        }
+                        part.set_row(r - r0, &row);
+                    }
+                    (r0, part)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("generator thread")).collect()
+    });
+    for (r0, part) in parts {
+        if r0 < rows {
+            m.copy_rows_from(r0, &part);
+        }
+    }
+    m
+}
