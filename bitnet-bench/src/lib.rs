@@ -4,3 +4,4 @@
 //! sweep with its versioned report comes with the bench issue.
 
 pub mod kernel_sweep;
+pub mod model_cmds;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bitnet_bench::kernel_sweep::{self, SweepOptions};
-use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm};
+use bitnet_bench::model_cmds;
+use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, WeightFormat};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -17,9 +18,63 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A model's architecture, hyperparameters and tensors (name, shape, type, bytes).
+    Inspect(InspectArgs),
+    /// Feed token ids, generate greedily, print the new token ids (timings on stderr).
+    Run(RunCmd),
     /// Kernel throughput on BitNet b1.58 2B4T shapes, in cache and streaming, against the
     /// memory-bandwidth probe and the scalar oracle (the default job for now).
     Kernels(KernelArgs),
+}
+
+#[derive(clap::Args)]
+struct InspectArgs {
+    /// A preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t, llama3-8b-1.58, tiny).
+    model: String,
+    /// Format of the linear layers (i2, tq2_0, tq1_0, bitplanes).
+    #[arg(long, default_value = "i2")]
+    format: WeightFormat,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct RunCmd {
+    /// A preset (synthetic weights; see `inspect`).
+    #[arg(long)]
+    model: String,
+    /// Token ids to feed, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',', required = true)]
+    tokens: Vec<u32>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 16)]
+    n_predict: usize,
+    /// KV cache precision (f32, f16, bf16, fp8, int8, int4, int2).
+    #[arg(long, default_value = "f16")]
+    kv: KvPrecision,
+    /// Threads (default: all available).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Kernel family for the linear layers (i2s, tq2, tq1, xnor); default: the format's best.
+    #[arg(long)]
+    kernel: Option<KernelFamily>,
+    /// ISA level of the kernel (scalar, avx2, avx512); default: the best this CPU has.
+    #[arg(long)]
+    isa: Option<IsaLevel>,
+    /// Format of the synthetic linear weights (i2, tq2_0, tq1_0, bitplanes); default: the
+    /// kernel's native format, else i2.
+    #[arg(long)]
+    format: Option<WeightFormat>,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Pin worker threads to cores.
+    #[arg(long)]
+    pin: bool,
+    /// Write {"tokens": [...], "logits": [[...], ...]}: one row per fed and generated token.
+    #[arg(long)]
+    logits_out: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args, Default)]
@@ -67,6 +122,16 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     let args = match cli.command {
+        Some(Command::Inspect(a)) => {
+            let v = model_cmds::inspect(&a.model, a.format)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", model_cmds::inspect_table(&v));
+            }
+            return Ok(());
+        }
+        Some(Command::Run(a)) => return run_model(a),
         Some(Command::Kernels(a)) => a,
         None => KernelArgs { batch: vec![1, 8], streaming_mib: 512, probe_mib: 1024, ..Default::default() },
     };
@@ -108,6 +173,63 @@ fn run(cli: Cli) -> Result<()> {
     })
     .context("kernel sweep")?;
     println!("{}", kernel_sweep::table(&report));
+    Ok(())
+}
+
+fn run_model(a: RunCmd) -> Result<()> {
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        anyhow::bail!("--threads must be ≥ 1");
+    }
+    let kernel = match (a.kernel, a.isa) {
+        (None, None) => None,
+        (family, isa) => {
+            let family = family.unwrap_or(a.format.map_or(KernelFamily::I2s, |f| Kernel::best_for(f).family()));
+            let isa = isa.unwrap_or_else(|| Kernel::best(family).isa());
+            Some(
+                Kernel::new(family, isa, family.default_form())
+                    .with_context(|| format!("--kernel {family} --isa {isa}"))?,
+            )
+        }
+    };
+    let format = a.format.unwrap_or_else(|| kernel.map_or(WeightFormat::I2, |k| k.family().native_format()));
+    if let Some(k) = kernel {
+        if !k.family().accepts(format) {
+            anyhow::bail!(
+                "--kernel {} cannot read --format {format} weights (it reads {})",
+                k.family(),
+                k.family().native_format()
+            );
+        }
+    }
+    let out = model_cmds::run(&model_cmds::RunArgs {
+        model: a.model,
+        format,
+        seed: a.seed,
+        tokens: a.tokens.clone(),
+        n_predict: a.n_predict,
+        kv: a.kv,
+        threads,
+        kernel,
+        pin: a.pin,
+        logits_out: a.logits_out,
+    })?;
+    println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
+    let decode_tps = out.decode_steps as f64 / out.decode_secs;
+    eprintln!(
+        "kernel {}, {} threads, kv {}: prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {} steps {:.1} tok/s ({:.2} ms/token); weights read per token {:.1} MiB → {:.1} GB/s",
+        out.kernel,
+        threads,
+        a.kv,
+        a.tokens.len(),
+        out.prefill_secs * 1e3,
+        a.tokens.len() as f64 / out.prefill_secs,
+        out.decode_steps,
+        decode_tps,
+        1e3 / decode_tps,
+        out.bytes_read_per_token as f64 / (1 << 20) as f64,
+        out.bytes_read_per_token as f64 * decode_tps / 1e9
+    );
     Ok(())
 }
 

@@ -44,3 +44,77 @@ fn bad_flags_exit_2_and_name_the_flag() {
         assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     }
 }
+
+#[test]
+fn inspect_lists_every_tensor_with_exact_bytes() {
+    let out = bench().args(["inspect", "bitnet-b1.58-2b-4t", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tensors = v["tensors"].as_array().unwrap();
+    // Embedding, 30 layers × 11 tensors, output norm (tied LM head).
+    assert_eq!(tensors.len(), 1 + 30 * 11 + 1);
+    let q = tensors.iter().find(|t| t["name"] == "blk.0.attn_q.weight").unwrap();
+    assert_eq!(q["shape"], serde_json::json!([2560, 2560]));
+    assert_eq!(q["bytes"], 2560 * 640 + 4);
+    let total: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(v["total_weight_bytes"], total);
+    assert_eq!(v["linear_bits_per_weight"], 2.0 + 30.0 * 7.0 * 32.0 / 2_084_044_800.0);
+    let table = bench().args(["inspect", "tiny"]).output().unwrap();
+    assert!(String::from_utf8(table.stdout).unwrap().contains("blk.1.ffn_down.weight"));
+}
+
+#[test]
+fn run_prints_tokens_and_writes_one_logits_row_per_token() {
+    let dir = std::env::temp_dir().join(format!("bitnet-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("logits.json");
+    let out = bench()
+        .args(["run", "--model", "tiny", "--tokens", "1,2,3", "--n-predict", "5", "--threads", "2"])
+        .arg("--logits-out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let generated: Vec<u32> =
+        String::from_utf8(out.stdout).unwrap().trim().split(',').map(|t| t.parse().unwrap()).collect();
+    assert_eq!(generated.len(), 5);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let tokens: Vec<u32> = v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert_eq!(&tokens[..3], &[1, 2, 3]);
+    assert_eq!(&tokens[3..], &generated[..]);
+    let logits = v["logits"].as_array().unwrap();
+    assert_eq!(logits.len(), 8);
+    assert!(logits.iter().all(|r| r.as_array().unwrap().len() == 512));
+    // Greedy: each generated token is the argmax of the previous row.
+    for i in 2..7 {
+        let row: Vec<f64> = logits[i].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let best = row.iter().enumerate().fold(0, |b, (j, x)| if *x > row[b] { j } else { b });
+        assert_eq!(best as u32, tokens[i + 1], "row {i}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
+    let dir = std::env::temp_dir().join(format!("bitnet-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("x.json");
+    let f = file.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["run", "--model", "gpt2", "--tokens", "1"], "gpt2"),
+        (vec!["run", "--model", "model.gguf", "--tokens", "1"], "GGUF"),
+        (vec!["run", "--model", "tiny", "--tokens", "9999", "--logits-out", f], "9999"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--kv", "int3"], "int3"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--n-predict", "400"], "context"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--kernel", "tq2", "--format", "i2"], "--kernel"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--logits-out", "/nonexistent-dir/x.json"], "nonexistent"),
+        (vec!["inspect", "bitnet-b1.58-3b", "--format", "tq2_0"], "3200"),
+    ] {
+        let out = bench().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "a failed run left a file behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -430,25 +430,65 @@ pub(crate) fn int8_rows(
 unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     debug_assert_eq!(m.stride(), x.padded_cols());
-    for (i, r) in rows.enumerate() {
-        let codes = m.row_codes(r).as_ptr();
+    // Register tiles as in the I2 kernel: two rows per pass share every activation load; one
+    // token gets two accumulators per row to hide vpdpbusd latency.
+    let mut r = rows.start;
+    while r < rows.end {
+        let two = r + 2 <= rows.end;
+        let o = &mut out[(r - rows.start) * batch..];
         let mut b0 = 0;
         while b0 < batch {
             let g = 4.min(batch - b0);
-            let mut acc = [_mm512_setzero_si512(); 4];
-            for off in (0..m.stride()).step_by(64) {
-                prefetch_stream(codes.add(off));
-                let c = load(codes.add(off));
-                for j in 0..g {
-                    acc[j] = _mm512_dpbusd_epi32(acc[j], c, load(x.token(b0 + j).as_ptr().add(off) as *const u8));
-                }
-            }
-            for j in 0..g {
-                let b = b0 + j;
-                let isum = _mm512_reduce_add_epi32(acc[j]) - 128 * x.sum(b);
-                out[i * batch + b] = finish_tensor(isum, m.scale(r), x.scale(b));
+            match (two, g) {
+                (true, 1) => int8_tile::<2, 1, 2>(m, r, x, b0, o),
+                (true, 2) => int8_tile::<2, 2, 1>(m, r, x, b0, o),
+                (true, 3) => int8_tile::<2, 3, 1>(m, r, x, b0, o),
+                (true, _) => int8_tile::<2, 4, 1>(m, r, x, b0, o),
+                (false, 1) => int8_tile::<1, 1, 4>(m, r, x, b0, o),
+                (false, 2) => int8_tile::<1, 2, 2>(m, r, x, b0, o),
+                (false, 3) => int8_tile::<1, 3, 2>(m, r, x, b0, o),
+                (false, _) => int8_tile::<1, 4, 2>(m, r, x, b0, o),
             }
             b0 += g;
+        }
+        r += if two { 2 } else { 1 };
+    }
+}
+
+/// Rows `r..r+R` × tokens `b0..b0+G` of an int8-row matrix; writes `out[i × batch + b]`.
+#[inline(always)]
+unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
+    m: &crate::formats::Int8Rows,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
+    let codes: [*const u8; R] = std::array::from_fn(|i| m.row_codes(r + i).as_ptr());
+    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
+    for (step, off) in (0..m.stride()).step_by(64).enumerate() {
+        let c: [__m512i; R] = std::array::from_fn(|i| {
+            prefetch_stream(codes[i].add(off));
+            load(codes[i].add(off))
+        });
+        for g in 0..G {
+            let xv = load(xs[g].add(off));
+            for i in 0..R {
+                acc[i][g][step % A] = _mm512_dpbusd_epi32(acc[i][g][step % A], c[i], xv);
+            }
+        }
+    }
+    for i in 0..R {
+        for g in 0..G {
+            let mut s = acc[i][g][0];
+            for a in 1..A {
+                s = _mm512_add_epi32(s, acc[i][g][a]);
+            }
+            let b = b0 + g;
+            let isum = _mm512_reduce_add_epi32(s) - 128 * x.sum(b);
+            out[i * batch + b] = finish_tensor(isum, m.scale(r + i), x.scale(b));
         }
     }
 }

@@ -1,0 +1,215 @@
+//! `inspect` and `run`: a model's tensors, and greedy generation with timings and logits.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bitnet_engine::model::{argmax, bytes_read_per_token, prefill, tensor_layout, PRESETS};
+use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions, WeightFormat};
+use serde_json::json;
+
+/// Resolves `--model`: a preset name (synthetic weights); GGUF files are not supported yet.
+pub fn resolve_config(model: &str) -> Result<ModelConfig> {
+    if model.ends_with(".gguf") || Path::new(model).is_file() {
+        bail!(
+            "--model {model}: loading GGUF files is not implemented yet; use a preset with synthetic weights ({})",
+            PRESETS.join(", ")
+        );
+    }
+    ModelConfig::preset(model).with_context(|| format!("--model {model}"))
+}
+
+/// What `inspect` reports, as JSON.
+pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
+    let cfg = resolve_config(model)?;
+    let layout = tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
+    let total: usize = layout.iter().map(|t| t.bytes).sum();
+    let linear_params = cfg.linear_params();
+    let linear_bytes: usize = layout.iter().filter(|t| t.dtype == format.name()).map(|t| t.bytes).sum();
+    Ok(json!({
+        "model": cfg.name,
+        "source": "preset (synthetic weights)",
+        "architecture": "bitnet",
+        "hyperparameters": {
+            "hidden": cfg.hidden, "ffn": cfg.ffn, "layers": cfg.layers, "heads": cfg.heads,
+            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim(), "vocab": cfg.vocab,
+            "max_context": cfg.max_context, "rope_theta": cfg.rope_theta, "norm_eps": cfg.norm_eps,
+            "ffn_activation": cfg.activation.name(), "sub_norms": cfg.sub_norms,
+            "tied_embeddings": cfg.tied_embeddings,
+        },
+        "linear_format": format.name(),
+        "tensors": layout.iter().map(|t| json!({"name": t.name, "shape": t.shape, "type": t.dtype, "bytes": t.bytes})).collect::<Vec<_>>(),
+        "total_weight_bytes": total,
+        "linear_params": linear_params,
+        "linear_bits_per_weight": linear_bytes as f64 * 8.0 / linear_params as f64,
+        "bytes_read_per_token": bytes_read_per_token(&cfg, &layout),
+    }))
+}
+
+/// `inspect` as a table.
+pub fn inspect_table(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let h = &v["hyperparameters"];
+    let _ = writeln!(
+        s,
+        "model {} ({}), architecture {}",
+        v["model"].as_str().unwrap_or(""),
+        v["source"].as_str().unwrap_or(""),
+        v["architecture"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        s,
+        "hidden {}, ffn {}, {} layers, {} heads ({} kv, head dim {}), vocab {}, context {}, rope θ {}, {} FFN, sub-norms {}, tied embeddings {}",
+        h["hidden"], h["ffn"], h["layers"], h["heads"], h["kv_heads"], h["head_dim"], h["vocab"], h["max_context"],
+        h["rope_theta"], h["ffn_activation"].as_str().unwrap_or(""), h["sub_norms"], h["tied_embeddings"]
+    );
+    let _ = writeln!(s, "{:<28} {:>16} {:>10} {:>14}", "tensor", "shape", "type", "bytes");
+    for t in v["tensors"].as_array().into_iter().flatten() {
+        let shape: Vec<String> = t["shape"].as_array().into_iter().flatten().map(|d| d.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "{:<28} {:>16} {:>10} {:>14}",
+            t["name"].as_str().unwrap_or(""),
+            shape.join("x"),
+            t["type"].as_str().unwrap_or(""),
+            t["bytes"]
+        );
+    }
+    let mib = |b: &serde_json::Value| b.as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    let _ = writeln!(
+        s,
+        "total weight bytes {} ({:.1} MiB); linear layers {:.3} bits per weight; bytes read per decoded token {:.1} MiB",
+        v["total_weight_bytes"],
+        mib(&v["total_weight_bytes"]),
+        v["linear_bits_per_weight"].as_f64().unwrap_or(0.0),
+        mib(&v["bytes_read_per_token"])
+    );
+    s
+}
+
+/// Options of `run`.
+pub struct RunArgs {
+    pub model: String,
+    pub format: WeightFormat,
+    pub seed: u64,
+    pub tokens: Vec<u32>,
+    pub n_predict: usize,
+    pub kv: KvPrecision,
+    pub threads: usize,
+    pub kernel: Option<Kernel>,
+    pub pin: bool,
+    pub logits_out: Option<PathBuf>,
+}
+
+/// What `run` measured.
+pub struct RunOutcome {
+    pub generated: Vec<u32>,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+    pub decode_steps: usize,
+    pub bytes_read_per_token: usize,
+    pub kernel: Kernel,
+}
+
+/// Greedy generation; with `logits_out`, one row of logits per fed and generated token.
+pub fn run(a: &RunArgs) -> Result<RunOutcome> {
+    let cfg = resolve_config(&a.model)?;
+    if a.tokens.is_empty() {
+        bail!("--tokens: give at least one token id");
+    }
+    if let Some(t) = a.tokens.iter().find(|t| **t as usize >= cfg.vocab) {
+        bail!("--tokens: token id {t} is outside the vocabulary of {} (0..{})", cfg.name, cfg.vocab);
+    }
+    let ctx = a.tokens.len() + a.n_predict;
+    if ctx > cfg.max_context {
+        bail!(
+            "--tokens + --n-predict = {ctx} positions exceed the context length of {} ({})",
+            cfg.name,
+            cfg.max_context
+        );
+    }
+    if let Some(path) = &a.logits_out {
+        check_writable(path)?;
+    }
+    let layout = tensor_layout(&cfg, a.format).with_context(|| format!("--format {}", a.format))?;
+    let model = Model {
+        weights: bitnet_engine::model::Weights::synthetic(&cfg, a.format, a.seed, a.threads)?,
+        config: cfg.clone(),
+    };
+    let mut opts = StateOptions::new(1, ctx, a.kv, a.threads);
+    opts.kernel = a.kernel;
+    opts.pin = a.pin;
+    opts.max_rows = a.tokens.len().clamp(1, 128);
+    let mut st = State::new(&model, &opts).context("building the run state")?;
+    let keep = a.logits_out.is_some();
+    let mut logits: Vec<Vec<f32>> = Vec::new();
+    let t0 = Instant::now();
+    let last = prefill(&model, &mut st, 0, 0, &a.tokens, keep.then_some(&mut logits))?;
+    let prefill_secs = t0.elapsed().as_secs_f64();
+    let mut next = argmax(st.logits(last).expect("prefill computed the last row's logits"));
+    let mut generated = Vec::with_capacity(a.n_predict);
+    let t1 = Instant::now();
+    let mut steps = 0;
+    for i in 0..a.n_predict {
+        generated.push(next);
+        // The last token is fed only when its logits are wanted.
+        if i + 1 == a.n_predict && !keep {
+            break;
+        }
+        st.forward(&model, &[next], &[0], &[a.tokens.len() + i], LogitsFor::All)?;
+        steps += 1;
+        let l = st.logits(0).expect("decode row has logits");
+        if keep {
+            logits.push(l.to_vec());
+        }
+        next = argmax(l);
+    }
+    let decode_secs = t1.elapsed().as_secs_f64();
+    if let Some(path) = &a.logits_out {
+        let all: Vec<u32> = a.tokens.iter().chain(&generated).copied().collect();
+        let doc = json!({ "tokens": all, "logits": logits });
+        write_atomic(path, serde_json::to_vec(&doc)?.as_slice())
+            .with_context(|| format!("--logits-out {}", path.display()))?;
+    }
+    Ok(RunOutcome {
+        generated,
+        prefill_secs,
+        decode_secs,
+        decode_steps: steps,
+        bytes_read_per_token: bytes_read_per_token(&cfg, &layout),
+        kernel: st.kernel(),
+    })
+}
+
+/// Fails early (before any work) when `path`'s directory cannot take a new file.
+fn check_writable(path: &Path) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!("--logits-out {}: directory {} does not exist", path.display(), dir.display());
+    }
+    let probe = dir.join(format!(".bitnet-write-test-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .with_context(|| format!("--logits-out {}: directory {} is not writable", path.display(), dir.display()))
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
+/// half-written file and a failure leaves nothing behind.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().context("output path has no file name")?.to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
