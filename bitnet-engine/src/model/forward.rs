@@ -507,8 +507,7 @@ fn attention(
             let scores = &mut s.scores[..=pos];
             let mut max = f32::NEG_INFINITY;
             for (p, sc) in scores.iter_mut().enumerate() {
-                kv.read_key(layer, seq, kh, p, &mut s.vec);
-                *sc = qh.iter().zip(&s.vec).map(|(a, b)| a * b).sum::<f32>() * scale;
+                *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
                 max = max.max(*sc);
             }
             let mut sum = 0.0;
@@ -518,14 +517,39 @@ fn attention(
             }
             o.fill(0.0);
             for (p, sc) in scores.iter().enumerate() {
-                kv.read_value(layer, seq, kh, p, &mut s.vec);
                 let wgt = sc / sum;
-                for (a, v) in o.iter_mut().zip(&s.vec) {
+                for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
                     *a += wgt * v;
                 }
             }
         }
     });
+}
+
+/// Dot product in a fixed order: 16 lane sums, then a fixed reduction tree. The compiler can
+/// keep the lanes in one vector register, and the result is the same at every ISA level (no
+/// fused multiply-add, no reassociation), so attention is bit-identical across machines.
+#[inline]
+pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        lanes[l] += x * y;
+    }
+    let mut w = 8;
+    while w > 0 {
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+        w /= 2;
+    }
+    lanes[0]
 }
 
 /// The index of the largest logit (the first one on ties).

@@ -16,7 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -267,6 +267,55 @@ fn e4m3_encode(x: f32) -> u8 {
     sign | code as u8
 }
 
+/// Encoded vectors of one layer, `[seqs, kv_heads, ctx, head_dim]`: floats kept as floats so
+/// reads need no decoding (f32) or only a vectorized conversion (f16); everything else as bytes.
+#[derive(Debug, Clone)]
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    /// `[.., vec_bytes]` encoded by `KvPrecision::encode`.
+    Bytes(Vec<u8>),
+}
+
+impl Store {
+    fn new(p: KvPrecision, vectors: usize, hd: usize) -> Self {
+        match p {
+            KvPrecision::F32 => Store::F32(vec![0.0; vectors * hd]),
+            KvPrecision::F16 => Store::F16(vec![f16::ZERO; vectors * hd]),
+            _ => Store::Bytes(vec![0; vectors * p.bytes_per_vector(hd)]),
+        }
+    }
+
+    fn write(&mut self, p: KvPrecision, index: usize, v: &[f32]) {
+        let hd = v.len();
+        match self {
+            Store::F32(d) => d[index * hd..(index + 1) * hd].copy_from_slice(v),
+            Store::F16(d) => d[index * hd..(index + 1) * hd].convert_from_f32_slice(v),
+            Store::Bytes(d) => {
+                let n = p.bytes_per_vector(hd);
+                p.encode(v, &mut d[index * n..(index + 1) * n]);
+            }
+        }
+    }
+
+    /// The vector as f32: borrowed in place for f32, else decoded into `scratch`.
+    #[inline]
+    fn read<'a>(&'a self, p: KvPrecision, index: usize, hd: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Store::F32(d) => &d[index * hd..(index + 1) * hd],
+            Store::F16(d) => {
+                d[index * hd..(index + 1) * hd].convert_to_f32_slice(&mut scratch[..hd]);
+                &scratch[..hd]
+            }
+            Store::Bytes(d) => {
+                let n = p.bytes_per_vector(hd);
+                p.decode(&d[index * n..(index + 1) * n], &mut scratch[..hd]);
+                &scratch[..hd]
+            }
+        }
+    }
+}
+
 /// Keys and values of every layer for `seqs` sequences of up to `ctx` positions.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -276,12 +325,10 @@ pub struct KvCache {
     kv_heads: usize,
     ctx: usize,
     head_dim: usize,
-    /// Bytes per encoded vector.
-    vec_bytes: usize,
-    /// Per layer, `[seqs, kv_heads, ctx, vec_bytes]`.
-    keys: Vec<Vec<u8>>,
-    /// Per layer, `[seqs, kv_heads, ctx, vec_bytes]`.
-    values: Vec<Vec<u8>>,
+    /// Per layer.
+    keys: Vec<Store>,
+    /// Per layer.
+    values: Vec<Store>,
 }
 
 impl KvCache {
@@ -292,24 +339,23 @@ impl KvCache {
                 cfg.max_context
             )));
         }
-        let vec_bytes = precision.bytes_per_vector(cfg.head_dim());
-        let per_layer = seqs * cfg.kv_heads * ctx * vec_bytes;
+        let vectors = seqs * cfg.kv_heads * ctx;
+        let hd = cfg.head_dim();
         Ok(Self {
             precision,
             layers: cfg.layers,
             seqs,
             kv_heads: cfg.kv_heads,
             ctx,
-            head_dim: cfg.head_dim(),
-            vec_bytes,
-            keys: vec![vec![0; per_layer]; cfg.layers],
-            values: vec![vec![0; per_layer]; cfg.layers],
+            head_dim: hd,
+            keys: (0..cfg.layers).map(|_| Store::new(precision, vectors, hd)).collect(),
+            values: (0..cfg.layers).map(|_| Store::new(precision, vectors, hd)).collect(),
         })
     }
 
     /// Exact bytes the cache occupies.
     pub fn byte_len(&self) -> usize {
-        2 * self.layers * self.seqs * self.kv_heads * self.ctx * self.vec_bytes
+        2 * self.layers * self.seqs * self.kv_heads * self.ctx * self.precision.bytes_per_vector(self.head_dim)
     }
     pub fn precision(&self) -> KvPrecision {
         self.precision
@@ -322,29 +368,27 @@ impl KvCache {
     }
 
     #[inline]
-    fn offset(&self, seq: usize, head: usize, pos: usize) -> usize {
-        ((seq * self.kv_heads + head) * self.ctx + pos) * self.vec_bytes
+    fn index(&self, seq: usize, head: usize, pos: usize) -> usize {
+        (seq * self.kv_heads + head) * self.ctx + pos
     }
 
     /// Stores the key and value of one (layer, sequence, head, position).
     pub fn write(&mut self, layer: usize, seq: usize, head: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let o = self.offset(seq, head, pos);
-        let n = self.vec_bytes;
-        self.precision.encode(k, &mut self.keys[layer][o..o + n]);
-        self.precision.encode(v, &mut self.values[layer][o..o + n]);
+        let i = self.index(seq, head, pos);
+        self.keys[layer].write(self.precision, i, k);
+        self.values[layer].write(self.precision, i, v);
     }
 
-    /// Decodes the key at (layer, sequence, head, position) into `out` (`head_dim` floats).
+    /// The key at (layer, sequence, head, position) as `head_dim` floats (in place for f32,
+    /// otherwise decoded into `scratch`).
     #[inline]
-    pub fn read_key(&self, layer: usize, seq: usize, head: usize, pos: usize, out: &mut [f32]) {
-        let o = self.offset(seq, head, pos);
-        self.precision.decode(&self.keys[layer][o..o + self.vec_bytes], &mut out[..self.head_dim]);
+    pub fn key<'a>(&'a self, layer: usize, seq: usize, head: usize, pos: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        self.keys[layer].read(self.precision, self.index(seq, head, pos), self.head_dim, scratch)
     }
 
     #[inline]
-    pub fn read_value(&self, layer: usize, seq: usize, head: usize, pos: usize, out: &mut [f32]) {
-        let o = self.offset(seq, head, pos);
-        self.precision.decode(&self.values[layer][o..o + self.vec_bytes], &mut out[..self.head_dim]);
+    pub fn value<'a>(&'a self, layer: usize, seq: usize, head: usize, pos: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        self.values[layer].read(self.precision, self.index(seq, head, pos), self.head_dim, scratch)
     }
 }
 
@@ -413,19 +457,23 @@ mod tests {
         let b: Vec<f32> = (0..d).map(|i| -(i as f32) / 7.0).collect();
         c.write(1, 1, 1, 3, &a, &b);
         c.write(1, 1, 1, 4, &b, &a);
-        let mut out = vec![0f32; d];
+        let mut scratch = vec![0f32; d];
         // int4: error at most half a step, absmax / 14 (plus the f16 rounding of the scale).
         let close = |out: &[f32], want: &[f32]| {
             let tol = absmax(want) / 14.0 * 1.01;
             out.iter().zip(want).all(|(x, y)| (x - y).abs() <= tol)
         };
-        c.read_key(1, 1, 1, 3, &mut out);
-        assert!(close(&out, &a), "{out:?}");
-        c.read_value(1, 1, 1, 4, &mut out);
-        assert!(close(&out, &a), "{out:?}");
-        c.read_key(1, 1, 1, 4, &mut out);
-        assert!(close(&out, &b), "{out:?}");
-        c.read_value(1, 1, 1, 3, &mut out);
-        assert!(close(&out, &b), "{out:?}");
+        assert!(close(c.key(1, 1, 1, 3, &mut scratch), &a));
+        assert!(close(c.value(1, 1, 1, 4, &mut scratch), &a));
+        assert!(close(c.key(1, 1, 1, 4, &mut scratch), &b));
+        assert!(close(c.value(1, 1, 1, 3, &mut scratch), &b));
+        // f32 and f16 stores read back exactly (f16: exactly the f16 rounding).
+        for p in [KvPrecision::F32, KvPrecision::F16] {
+            let mut c = KvCache::new(&cfg, p, 1, 4).unwrap();
+            c.write(0, 0, 1, 2, &a, &b);
+            let want: Vec<f32> =
+                a.iter().map(|x| if p == KvPrecision::F16 { f16::from_f32(*x).to_f32() } else { *x }).collect();
+            assert_eq!(c.key(0, 0, 1, 2, &mut scratch), &want[..]);
+        }
     }
 }
