@@ -20,7 +20,8 @@ struct Cli {
 enum Command {
     /// A model's architecture, hyperparameters and tensors (name, shape, type, bytes).
     Inspect(InspectArgs),
-    /// Feed token ids, generate greedily, print the new token ids (timings on stderr).
+    /// Feed token ids, generate (greedy, or sampled with --temperature), print the new token
+    /// ids (timings on stderr).
     Run(RunCmd),
     /// Kernel throughput on BitNet b1.58 2B4T shapes, in cache and streaming, against the
     /// memory-bandwidth probe and the scalar oracle (the default job for now).
@@ -75,6 +76,18 @@ struct RunCmd {
     /// Write {"tokens": [...], "logits": [[...], ...]}: one row per fed and generated token.
     #[arg(long)]
     logits_out: Option<std::path::PathBuf>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only from the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample only from the most likely tokens whose probabilities reach p.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    sample_seed: u64,
 }
 
 #[derive(clap::Args, Default)]
@@ -213,6 +226,12 @@ fn run_model(a: RunCmd) -> Result<()> {
         kernel,
         pin: a.pin,
         logits_out: a.logits_out,
+        sampling: bitnet_engine::model::SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.sample_seed,
+        },
     })?;
     println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
     let decode_tps = out.decode_steps as f64 / out.decode_secs;

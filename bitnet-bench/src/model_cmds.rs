@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::model::{argmax, bytes_read_per_token, prefill, tensor_layout, PRESETS};
+use bitnet_engine::model::{bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, PRESETS};
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions, WeightFormat};
 use serde_json::json;
 
@@ -101,6 +101,8 @@ pub struct RunArgs {
     pub kernel: Option<Kernel>,
     pub pin: bool,
     pub logits_out: Option<PathBuf>,
+    /// Temperature 0 = greedy.
+    pub sampling: SamplingParams,
 }
 
 /// What `run` measured.
@@ -113,7 +115,8 @@ pub struct RunOutcome {
     pub kernel: Kernel,
 }
 
-/// Greedy generation; with `logits_out`, one row of logits per fed and generated token.
+/// Generation (greedy unless a temperature is given); with `logits_out`, one row of logits
+/// per fed and generated token.
 pub fn run(a: &RunArgs) -> Result<RunOutcome> {
     let cfg = resolve_config(&a.model)?;
     if a.tokens.is_empty() {
@@ -148,7 +151,8 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
     let t0 = Instant::now();
     let last = prefill(&model, &mut st, 0, 0, &a.tokens, keep.then_some(&mut logits))?;
     let prefill_secs = t0.elapsed().as_secs_f64();
-    let mut next = argmax(st.logits(last).expect("prefill computed the last row's logits"));
+    let mut sampler = Sampler::new(a.sampling, cfg.vocab).context("sampling options")?;
+    let mut next = sampler.sample(st.logits(last).expect("prefill computed the last row's logits"));
     let mut generated = Vec::with_capacity(a.n_predict);
     let t1 = Instant::now();
     let mut steps = 0;
@@ -164,7 +168,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         if keep {
             logits.push(l.to_vec());
         }
-        next = argmax(l);
+        next = sampler.sample(l);
     }
     let decode_secs = t1.elapsed().as_secs_f64();
     if let Some(path) = &a.logits_out {

@@ -118,3 +118,20 @@ fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
     assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "a failed run left a file behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn sampled_runs_repeat_with_the_same_seed_and_differ_from_greedy() {
+    let go = |extra: &[&str]| {
+        let out = bench()
+            .args(["run", "--model", "tiny", "--tokens", "5,6,7", "--n-predict", "12"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let sampled = ["--temperature", "1.5", "--sample-seed", "11"];
+    assert_eq!(go(&sampled), go(&sampled));
+    assert_ne!(go(&sampled), go(&[]));
+    assert_ne!(go(&sampled), go(&["--temperature", "1.5", "--sample-seed", "12"]));
+}

@@ -8,6 +8,7 @@ pub mod kv_cache;
 pub mod layout;
 pub mod pool;
 pub mod reference;
+pub mod sampling;
 pub mod weights;
 
 pub use config::{FfnActivation, ModelConfig, PRESETS};
@@ -16,4 +17,5 @@ pub use generate::{greedy, greedy_batch, kv_quality, prefill, Generation, KvQual
 pub use kv_cache::{KvCache, KvPrecision};
 pub use layout::{bytes_read_per_token, tensor_layout, TensorInfo};
 pub use pool::WorkerPool;
+pub use sampling::{Sampler, SamplingParams};
 pub use weights::{LayerWeights, Weights};
