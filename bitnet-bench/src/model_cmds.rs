@@ -183,7 +183,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         decode_secs,
         decode_steps: steps,
         bytes_read_per_token: bytes_read_per_token(&cfg, &layout),
-        kernel: st.kernel(),
+        kernel: st.kernel(&model),
     })
 }
 

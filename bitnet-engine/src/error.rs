@@ -14,6 +14,9 @@ pub enum Error {
     /// The requested kernel family / ISA / form cannot run here or on these weights.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A malformed or truncated file (the message names the file, key or tensor).
+    #[error("{0}")]
+    Format(String),
     /// A name (family, ISA, form) that the engine does not know.
     #[error("unknown {what} '{got}'; expected one of: {expected}")]
     UnknownName { what: &'static str, got: String, expected: String },

@@ -18,6 +18,7 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod error;
 pub mod formats;
+pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod rng;

@@ -81,7 +81,10 @@ struct AttnScratch {
 pub struct State {
     cfg: ModelConfig,
     max_rows: usize,
-    kernel: Kernel,
+    /// The kernel forced for every linear layer, if any.
+    kernel: Option<Kernel>,
+    /// Whether some layer runs an xnor kernel (which reads activation bit-planes).
+    any_xnor: bool,
     pool: WorkerPool,
     kv: KvCache,
     /// `[rows, hidden]` residual stream.
@@ -128,10 +131,25 @@ impl State {
                 opts.max_rows, opts.sequences
             )));
         }
-        let kernel = match opts.kernel {
-            Some(k) => k,
-            None => Kernel::best_for(model.linear_format()),
-        };
+        // A forced kernel must read every layer; otherwise each layer gets the best kernel for
+        // its own format (a file may mix formats).
+        if let Some(k) = opts.kernel {
+            for (l, lw) in model.weights.layers.iter().enumerate() {
+                if let Some(w) = lw.linears().iter().find(|w| !k.family().accepts(w.format())) {
+                    return Err(Error::Unsupported(format!(
+                        "kernel {k} cannot read layer {l}'s {} weights",
+                        w.format()
+                    )));
+                }
+            }
+        }
+        let kernel = opts.kernel;
+        let any_xnor = model
+            .weights
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .any(|w| kernel_for(kernel, w).family() == crate::kernels::KernelFamily::Xnor);
         let rows = opts.max_rows;
         let kv = KvCache::new(&cfg, opts.kv_precision, opts.sequences, opts.context)?;
         let pool = WorkerPool::new(opts.threads, opts.pin)?;
@@ -164,6 +182,7 @@ impl State {
                 .collect(),
             inv_freq: (0..hd / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / hd as f32)).collect(),
             logit_rows: 0..0,
+            any_xnor,
             row_seqs: Vec::with_capacity(rows),
             row_positions: Vec::with_capacity(rows),
             pool,
@@ -171,8 +190,10 @@ impl State {
         })
     }
 
-    pub fn kernel(&self) -> Kernel {
-        self.kernel
+    /// The kernel the first layer's linear weights run on (all layers, unless a file mixes
+    /// formats and no kernel was forced).
+    pub fn kernel(&self, model: &Model) -> Kernel {
+        kernel_for(self.kernel, &model.weights.layers[0].wq)
     }
     /// Most rows one `forward` call takes.
     pub fn max_rows(&self) -> usize {
@@ -219,7 +240,7 @@ impl State {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             rms_norm_rows(&self.x[..rows * h], &lw.attn_norm, cfg.norm_eps, &mut self.xb[..rows * h]);
-            quantize(self.kernel, &mut self.act_hidden, &self.xb[..rows * h])?;
+            quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -269,7 +290,7 @@ impl State {
             if let Some(sub) = &lw.attn_sub_norm {
                 rms_norm_in_place(&mut self.att[..rows * qd], sub, cfg.norm_eps);
             }
-            quantize(self.kernel, &mut self.act_hidden, &self.att[..rows * qd])?;
+            quantize(self.any_xnor, &mut self.act_hidden, &self.att[..rows * qd])?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -283,7 +304,7 @@ impl State {
 
             // Feed-forward block.
             rms_norm_rows(&self.x[..rows * h], &lw.ffn_norm, cfg.norm_eps, &mut self.xb[..rows * h]);
-            quantize(self.kernel, &mut self.act_hidden, &self.xb[..rows * h])?;
+            quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -306,7 +327,7 @@ impl State {
             if let Some(sub) = &lw.ffn_sub_norm {
                 rms_norm_in_place(&mut self.gate[..rows * ffn], sub, cfg.norm_eps);
             }
-            quantize(self.kernel, &mut self.act_ffn, &self.gate[..rows * ffn])?;
+            quantize(self.any_xnor, &mut self.act_ffn, &self.gate[..rows * ffn])?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -332,7 +353,7 @@ impl State {
             self.act_hidden.quantize(&self.xb[..n * h])?;
             let head = w.lm_head();
             let vocab = cfg.vocab;
-            let isa = self.kernel.isa();
+            let isa = kernel_for(self.kernel, &w.layers[0].wq).isa();
             let act = &self.act_hidden;
             // `mm` holds [vocab, n]; the LM head's rows are split across threads.
             self.pool.split(&mut self.mm[..vocab * n], n, 16, &mut self.kernel_scratch, |first, chunk, _| {
@@ -381,9 +402,9 @@ impl State {
 
 /// BitLinear's activation quantization (the `quantize` stage), plus the bit-planes the xnor
 /// kernels read.
-fn quantize(kernel: Kernel, act: &mut ActivationBatch, x: &[f32]) -> Result<()> {
+fn quantize(planes: bool, act: &mut ActivationBatch, x: &[f32]) -> Result<()> {
     act.quantize(x)?;
-    if kernel.family() == crate::kernels::KernelFamily::Xnor {
+    if planes {
         act.build_planes();
     }
     Ok(())
@@ -391,9 +412,15 @@ fn quantize(kernel: Kernel, act: &mut ActivationBatch, x: &[f32]) -> Result<()> 
 
 /// `out[rows, N] = act × wᵀ`: the kernel writes `[N, rows]` into `mm`, split by output rows
 /// across threads, then it is transposed (a no-op copy for one row).
+/// The kernel for `w`: the forced one, or the best for its format.
+#[inline]
+fn kernel_for(forced: Option<Kernel>, w: &PackedWeights) -> Kernel {
+    forced.unwrap_or_else(|| Kernel::best_for(w.format()))
+}
+
 fn linear(
     pool: &WorkerPool,
-    kernel: Kernel,
+    forced: Option<Kernel>,
     w: &PackedWeights,
     act: &ActivationBatch,
     mm: &mut [f32],
@@ -401,6 +428,7 @@ fn linear(
     scratch: &mut [KernelScratch],
 ) -> Result<()> {
     let (n, rows) = (w.rows(), act.batch());
+    let kernel = kernel_for(forced, w);
     kernel.check(w, act, &(0..n), &mm[..n * rows])?;
     pool.split(&mut mm[..n * rows], rows, 16, scratch, |first, chunk, s| {
         let r = first..first + chunk.len() / rows;

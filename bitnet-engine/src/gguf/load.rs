@@ -1,0 +1,226 @@
+//! A [`Model`] from a GGUF file of llama.cpp's `bitnet` architecture or bitnet.cpp's
+//! `bitnet-25` (2B4T).
+
+use crate::error::{Error, Result};
+use crate::formats::{I2Matrix, Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix};
+use crate::gguf::reader::{GgufFile, TensorDesc};
+use crate::gguf::types::{decode_f32, decode_i2s, GgmlType};
+use crate::model::config::{FfnActivation, ModelConfig};
+use crate::model::forward::Model;
+use crate::model::weights::{LayerWeights, Weights};
+use crate::ternary::TernaryMatrix;
+
+/// Architectures this loader knows, with their FFN activation.
+const ARCHITECTURES: [(&str, FfnActivation); 3] =
+    [("bitnet", FfnActivation::Silu), ("bitnet-b1.58", FfnActivation::Silu), ("bitnet-25", FfnActivation::ReluSquared)];
+
+/// Builds the model in a parsed GGUF file. `name` is used when the file has no `general.name`.
+pub fn model_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<Model> {
+    let config = config_from_gguf(f, name)?;
+    let weights = weights_from_gguf(f, &config)?;
+    Ok(Model { config, weights })
+}
+
+fn key_u64(f: &GgufFile<'_>, key: &str, default: Option<u64>) -> Result<u64> {
+    match f.get(key) {
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Error::Format(format!("metadata key '{key}' is {v}; expected a non-negative integer"))),
+        None => default.ok_or_else(|| Error::Format(format!("metadata key '{key}' is missing"))),
+    }
+}
+
+fn key_f32(f: &GgufFile<'_>, key: &str, default: f32) -> Result<f32> {
+    match f.get(key) {
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| Error::Format(format!("metadata key '{key}' is {v}; expected a number"))),
+        None => Ok(default),
+    }
+}
+
+/// Hyperparameters from the metadata (llama.cpp's keys; defaults as llama.cpp's where a key
+/// is optional), checked against the tensor shapes.
+pub fn config_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<ModelConfig> {
+    let arch = f
+        .get("general.architecture")
+        .ok_or_else(|| Error::Format("metadata key 'general.architecture' is missing".into()))?;
+    let arch = arch
+        .as_str()
+        .ok_or_else(|| Error::Format(format!("metadata key 'general.architecture' is {arch}; expected a string")))?;
+    let (_, activation) = ARCHITECTURES.iter().find(|(a, _)| *a == arch).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "architecture '{arch}' (metadata key 'general.architecture'); this engine runs: {}",
+            ARCHITECTURES.map(|(a, _)| a).join(", ")
+        ))
+    })?;
+    let k = |s: &str| format!("{arch}.{s}");
+    let heads = key_u64(f, &k("attention.head_count"), None)? as usize;
+    let embd =
+        f.tensor("token_embd.weight").ok_or_else(|| Error::Format("tensor 'token_embd.weight' is missing".into()))?;
+    let vocab = match f.get(&k("vocab_size")) {
+        Some(_) => key_u64(f, &k("vocab_size"), None)? as usize,
+        None => embd.rows_cols().0,
+    };
+    let cfg = ModelConfig {
+        name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(name).to_string(),
+        hidden: key_u64(f, &k("embedding_length"), None)? as usize,
+        ffn: key_u64(f, &k("feed_forward_length"), None)? as usize,
+        layers: key_u64(f, &k("block_count"), None)? as usize,
+        heads,
+        kv_heads: key_u64(f, &k("attention.head_count_kv"), Some(heads as u64))? as usize,
+        vocab,
+        max_context: key_u64(f, &k("context_length"), Some(2048))? as usize,
+        rope_theta: key_f32(f, &k("rope.freq_base"), 10_000.0)?,
+        norm_eps: key_f32(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?,
+        activation: *activation,
+        sub_norms: f.tensor("blk.0.attn_sub_norm.weight").is_some(),
+        tied_embeddings: f.tensor("output.weight").is_none(),
+    };
+    cfg.validate().map_err(|e| Error::Format(format!("hyperparameters in the metadata do not fit: {e}")))?;
+    if cfg.layers > 4096 || cfg.hidden > 1 << 16 || cfg.ffn > 1 << 18 || cfg.vocab > 1 << 22 {
+        return Err(Error::Format(format!("hyperparameters are implausibly large: {cfg}")));
+    }
+    Ok(cfg)
+}
+
+fn tensor<'f>(f: &'f GgufFile<'_>, name: &str) -> Result<&'f TensorDesc> {
+    f.tensor(name).ok_or_else(|| Error::Format(format!("tensor '{name}' is missing")))
+}
+
+fn check_shape(t: &TensorDesc, rows: usize, cols: usize) -> Result<()> {
+    let want: Vec<u64> = if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] };
+    if t.dims != want {
+        return Err(Error::Format(format!(
+            "tensor '{}' has GGUF dims {:?}; the hyperparameters need {:?}",
+            t.name, t.dims, want
+        )));
+    }
+    Ok(())
+}
+
+/// An f32 vector (norm weights).
+fn vector(f: &GgufFile<'_>, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = tensor(f, name)?;
+    check_shape(t, 1, n)?;
+    let mut out = vec![0f32; n];
+    decode_f32(t.ggml_type, f.data(t), &mut out).ok_or_else(|| {
+        Error::Unsupported(format!("tensor '{name}' is {}; norm weights must be F32, F16 or BF16", t.ggml_type.name()))
+    })?;
+    Ok(out)
+}
+
+/// A `[rows, cols]` matrix (embedding, untied output) as int8 rows.
+fn int8_rows(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<Int8Rows> {
+    let t = tensor(f, name)?;
+    check_shape(t, rows, cols)?;
+    let data = f.data(t);
+    let row_bytes =
+        t.ggml_type.byte_size(cols as u64, cols as u64).map_err(|e| Error::Format(format!("tensor '{name}': {e}")))?;
+    let mut m = Int8Rows::zeroed(rows, cols);
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        decode_f32(t.ggml_type, &data[r * row_bytes..(r + 1) * row_bytes], &mut row).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "tensor '{name}' is {}; embeddings must be F32, F16, BF16 or Q6_K",
+                t.ggml_type.name()
+            ))
+        })?;
+        if let Some(c) = row.iter().position(|v| !v.is_finite()) {
+            return Err(Error::Format(format!("tensor '{name}' holds a non-finite value at row {r}, column {c}")));
+        }
+        m.set_row(r, &row);
+    }
+    Ok(m)
+}
+
+/// A ternary linear layer `[rows, cols]`.
+fn linear(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<PackedWeights> {
+    let t = tensor(f, name)?;
+    check_shape(t, rows, cols)?;
+    let data = f.data(t);
+    let ctx = |e: Error| Error::Format(format!("tensor '{name}': {e}"));
+    Ok(match t.ggml_type {
+        GgmlType::Tq2_0 => PackedWeights::Tq2(Tq2Matrix::from_bytes(rows, cols, data).map_err(ctx)?),
+        GgmlType::Tq1_0 => PackedWeights::Tq1(Tq1Matrix::from_bytes(rows, cols, data).map_err(ctx)?),
+        GgmlType::I2S => {
+            let (values, scale) =
+                decode_i2s(data, rows, cols).map_err(|e| Error::Format(format!("tensor '{name}': {e}")))?;
+            PackedWeights::I2(
+                I2Matrix::pack(&TernaryMatrix::new(rows, cols, values, scale).map_err(ctx)?).map_err(ctx)?,
+            )
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {
+            // Unquantized conversions of BitNet checkpoints hold ternary × scale values.
+            let mut w = vec![0f32; rows * cols];
+            decode_f32(t.ggml_type, data, &mut w).expect("float types decode");
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut values = Vec::with_capacity(w.len());
+            for (i, v) in w.iter().enumerate() {
+                let q = (v * inv).round();
+                if (v * inv - q).abs() > 1e-3 {
+                    return Err(Error::Unsupported(format!(
+                        "tensor '{name}' is {} with non-ternary values (row {}, column {}: {v} with scale {scale}); quantize it to TQ1_0 or TQ2_0 first",
+                        t.ggml_type.name(),
+                        i / cols,
+                        i % cols
+                    )));
+                }
+                values.push(q as i8);
+            }
+            PackedWeights::I2(
+                I2Matrix::pack(&TernaryMatrix::new(rows, cols, values, scale).map_err(ctx)?).map_err(ctx)?,
+            )
+        }
+        other => {
+            return Err(Error::Unsupported(format!(
+                "tensor '{name}' is {}; linear layers must be TQ1_0, TQ2_0, I2_S or ternary-valued F32/F16/BF16",
+                other.name()
+            )))
+        }
+    })
+}
+
+fn weights_from_gguf(f: &GgufFile<'_>, cfg: &ModelConfig) -> Result<Weights> {
+    for t in &f.tensors {
+        if t.name.ends_with(".scale") {
+            return Err(Error::Unsupported(format!(
+                "tensor '{}': separate weight-scale tensors are not supported yet",
+                t.name
+            )));
+        }
+    }
+    let (h, q, kv, ffn) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn);
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        let opt_vec = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            if cfg.sub_norms {
+                Ok(Some(vector(f, &n(s), len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: vector(f, &n("attn_norm"), h)?,
+            wq: linear(f, &n("attn_q"), q, h)?,
+            wk: linear(f, &n("attn_k"), kv, h)?,
+            wv: linear(f, &n("attn_v"), kv, h)?,
+            attn_sub_norm: opt_vec("attn_sub_norm", q)?,
+            wo: linear(f, &n("attn_output"), h, q)?,
+            ffn_norm: vector(f, &n("ffn_norm"), h)?,
+            w_gate: linear(f, &n("ffn_gate"), ffn, h)?,
+            w_up: linear(f, &n("ffn_up"), ffn, h)?,
+            ffn_sub_norm: opt_vec("ffn_sub_norm", ffn)?,
+            w_down: linear(f, &n("ffn_down"), h, ffn)?,
+        });
+    }
+    Ok(Weights {
+        token_embd: int8_rows(f, "token_embd.weight", cfg.vocab, h)?,
+        layers,
+        output_norm: vector(f, "output_norm.weight", h)?,
+        lm_head: if cfg.tied_embeddings { None } else { Some(int8_rows(f, "output.weight", cfg.vocab, h)?) },
+    })
+}

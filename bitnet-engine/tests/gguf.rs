@@ -1,0 +1,170 @@
+//! GGUF reading and loading against a fixture written by the official `gguf` Python package
+//! (`data/make_tiny_gguf.py`), and malformed files: every one gives an error, none a panic.
+
+use bitnet_engine::formats::PackedWeights;
+use bitnet_engine::gguf::types::{decode_f32, decode_q6k_block};
+use bitnet_engine::gguf::{load_model, GgufFile};
+use bitnet_engine::model::reference::reference_logits;
+use bitnet_engine::model::{greedy, FfnActivation};
+use bitnet_engine::{KvPrecision, State, StateOptions, WeightFormat};
+use sha2::{Digest, Sha256};
+
+fn data_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+fn read(name: &str) -> Vec<u8> {
+    std::fs::read(data_path(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"))
+}
+
+fn expected() -> serde_json::Value {
+    serde_json::from_slice(&read("tiny-bitnet.expected.json")).unwrap()
+}
+
+fn sha_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn q6_k_blocks_decode_exactly_as_the_gguf_package_does() {
+    let blocks = read("q6k_vectors.bin");
+    let want: Vec<f32> =
+        read("q6k_vectors.f32").chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!((blocks.len(), want.len()), (4 * 210, 4 * 256));
+    let mut got = vec![0f32; 256];
+    for b in 0..4 {
+        decode_q6k_block(&blocks[b * 210..(b + 1) * 210], &mut got);
+        for i in 0..256 {
+            assert_eq!(got[i].to_bits(), want[b * 256 + i].to_bits(), "block {b} value {i}");
+        }
+    }
+}
+
+#[test]
+fn fixture_metadata_and_every_tensor_decode_as_written() {
+    let bytes = read("tiny-bitnet.gguf");
+    let exp = expected();
+    let f = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(f.version, exp["gguf_version"].as_u64().unwrap() as u32);
+    assert_eq!(f.data_offset as u64, exp["data_offset"].as_u64().unwrap());
+    assert_eq!(f.tensors.len() as u64, exp["tensor_count"].as_u64().unwrap());
+    assert_eq!(f.get("general.architecture").unwrap().as_str(), Some("bitnet"));
+    assert_eq!(f.get("bitnet.block_count").unwrap().as_u64(), Some(2));
+    let model = load_model(&data_path("tiny-bitnet.gguf")).unwrap();
+    let cfg = &model.config;
+    assert_eq!((cfg.hidden, cfg.ffn, cfg.layers, cfg.heads, cfg.kv_heads, cfg.vocab), (256, 512, 2, 4, 2, 512));
+    assert_eq!((cfg.activation, cfg.sub_norms, cfg.tied_embeddings), (FfnActivation::Silu, true, true));
+    assert_eq!(cfg.norm_eps, 1e-5);
+    for t in exp["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let desc = f.tensor(name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(desc.ggml_type.name(), t["type"].as_str().unwrap(), "{name}");
+        assert_eq!(desc.size as u64, t["nbytes"].as_u64().unwrap(), "{name}");
+        let dims: Vec<u64> = t["ne"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        assert_eq!(desc.dims, dims, "{name}");
+        assert_eq!(sha_hex(f.data(desc)), t["sha256_raw"].as_str().unwrap(), "{name} raw bytes");
+        let decoded: Vec<u8> = if name.starts_with("blk.") && desc.dims.len() == 2 {
+            // Ternary values of the loaded model's packed layer, row-major.
+            let l: usize = name.split('.').nth(1).unwrap().parse().unwrap();
+            let lw = &model.weights.layers[l];
+            let w: &PackedWeights = match name.split('.').nth(2).unwrap() {
+                "attn_q" => &lw.wq,
+                "attn_k" => &lw.wk,
+                "attn_v" => &lw.wv,
+                "attn_output" => &lw.wo,
+                "ffn_gate" => &lw.w_gate,
+                "ffn_up" => &lw.w_up,
+                "ffn_down" => &lw.w_down,
+                other => panic!("unexpected {other}"),
+            };
+            assert_eq!(w.format(), if l == 0 { WeightFormat::Tq2_0 } else { WeightFormat::Tq1_0 });
+            w.unpack().values.iter().map(|v| *v as u8).collect()
+        } else {
+            let mut out = vec![0f32; desc.elements() as usize];
+            decode_f32(desc.ggml_type, f.data(desc), &mut out).unwrap();
+            out.iter().flat_map(|v| v.to_le_bytes()).collect()
+        };
+        assert_eq!(sha_hex(&decoded), t["sha256_decoded"].as_str().unwrap(), "{name} decoded values");
+    }
+}
+
+#[test]
+fn fixture_model_runs_and_matches_the_reference() {
+    let model = load_model(&data_path("tiny-bitnet.gguf")).unwrap();
+    let prompt = [1u32, 45, 300, 7];
+    let mut st = State::new(&model, &StateOptions::new(1, 64, KvPrecision::F32, 2)).unwrap();
+    let g = greedy(&model, &mut st, &prompt, 12, true).unwrap();
+    let mut seq = prompt.to_vec();
+    seq.extend(&g.tokens[..11]);
+    let r = reference_logits(&model, &seq);
+    for (i, (a, b)) in r.iter().zip(&g.logits).enumerate() {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let cos = dot / (n(a) * n(b));
+        assert!(cos >= 0.999, "position {i}: cosine {cos}");
+    }
+}
+
+/// Parses, then builds the model: must return (never panic) for any input.
+fn try_load(bytes: &[u8]) -> Result<(), String> {
+    let f = GgufFile::parse(bytes).map_err(|e| e.to_string())?;
+    bitnet_engine::gguf::load::model_from_gguf(&f, "fuzz").map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_truncation_is_an_error_that_says_where() {
+    let bytes = read("tiny-bitnet.gguf");
+    let data_offset = GgufFile::parse(&bytes).unwrap().data_offset;
+    for len in (0..data_offset + 64).chain([bytes.len() - 1000, bytes.len() - 1]) {
+        let e = try_load(&bytes[..len]).expect_err(&format!("{len} bytes parsed"));
+        assert!(!e.is_empty());
+        if len > data_offset {
+            assert!(e.contains("past the end of the file") && e.contains("tensor '"), "{len}: {e}");
+        }
+    }
+}
+
+#[test]
+fn corrupted_bytes_never_panic() {
+    let bytes = read("tiny-bitnet.gguf");
+    let header = GgufFile::parse(&bytes).unwrap().data_offset;
+    let mut rng = bitnet_engine::rng::SplitMix64::new(99);
+    for _ in 0..3000 {
+        let mut b = bytes[..header + 4096].to_vec();
+        for _ in 0..1 + rng.below(4) {
+            let i = rng.below(header as u32 + 64) as usize;
+            b[i] = rng.next_u64() as u8;
+        }
+        let _ = try_load(&b);
+    }
+}
+
+#[test]
+fn malformed_headers_name_what_is_wrong() {
+    let bytes = read("tiny-bitnet.gguf");
+    let mut bad = bytes.clone();
+    bad[..4].copy_from_slice(b"GGML");
+    assert!(try_load(&bad).unwrap_err().contains("magic"));
+    let mut bad = bytes.clone();
+    bad[4..8].copy_from_slice(&99u32.to_le_bytes());
+    assert!(try_load(&bad).unwrap_err().contains("version 99"));
+    let mut bad = bytes.clone();
+    bad[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(try_load(&bad).unwrap_err().contains("tensors"));
+    // Rename the architecture: "bitnet" → "llama!" (same length).
+    let pos = bytes.windows(6).position(|w| w == b"bitnet").unwrap();
+    let mut bad = bytes.clone();
+    bad[pos..pos + 6].copy_from_slice(b"llama!");
+    let e = try_load(&bad).unwrap_err();
+    assert!(e.contains("llama!") && e.contains("general.architecture"), "{e}");
+    // Break a hyperparameter: block_count → 3 (a tensor is then missing).
+    let key = b"bitnet.block_count";
+    let kpos = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let mut bad = bytes.clone();
+    bad[kpos + 4..kpos + 8].copy_from_slice(&3u32.to_le_bytes());
+    let e = try_load(&bad).unwrap_err();
+    assert!(e.contains("blk.2.") && e.contains("missing"), "{e}");
+    // A file that is not there names the path.
+    let e = load_model(std::path::Path::new("/nonexistent/x.gguf")).unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/x.gguf"), "{e}");
+}
