@@ -30,9 +30,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct InspectArgs {
-    /// A preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t, llama3-8b-1.58, tiny).
+    /// A GGUF file, or a preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t,
+    /// llama3-8b-1.58, tiny).
     model: String,
-    /// Format of the linear layers (i2, tq2_0, tq1_0, bitplanes).
+    /// Format of a preset's linear layers (i2, tq2_0, tq1_0, bitplanes).
     #[arg(long, default_value = "i2")]
     format: WeightFormat,
     /// Print JSON instead of a table.
@@ -42,7 +43,7 @@ struct InspectArgs {
 
 #[derive(clap::Args)]
 struct RunCmd {
-    /// A preset (synthetic weights; see `inspect`).
+    /// A GGUF file, or a preset with synthetic weights (see `inspect`).
     #[arg(long)]
     model: String,
     /// Token ids to feed, e.g. 1,2,3.

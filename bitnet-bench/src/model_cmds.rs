@@ -5,32 +5,85 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::model::{bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, PRESETS};
+use bitnet_engine::gguf::load::config_from_gguf;
+use bitnet_engine::gguf::{load_model, GgufFile};
+use bitnet_engine::model::{prefill, tensor_layout, Sampler, SamplingParams, Weights};
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions, WeightFormat};
 use serde_json::json;
 
-/// Resolves `--model`: a preset name (synthetic weights); GGUF files are not supported yet.
-pub fn resolve_config(model: &str) -> Result<ModelConfig> {
+/// Where a model comes from: a preset (synthetic weights) or a GGUF file.
+pub enum ModelSource {
+    Preset(ModelConfig),
+    Gguf(PathBuf),
+}
+
+/// Resolves `--model`: an existing file (or a `.gguf` path) is a GGUF file, anything else a preset.
+pub fn resolve(model: &str) -> Result<ModelSource> {
     if model.ends_with(".gguf") || Path::new(model).is_file() {
-        bail!(
-            "--model {model}: loading GGUF files is not implemented yet; use a preset with synthetic weights ({})",
-            PRESETS.join(", ")
-        );
+        if !Path::new(model).is_file() {
+            bail!("--model {model}: no such file");
+        }
+        return Ok(ModelSource::Gguf(PathBuf::from(model)));
     }
-    ModelConfig::preset(model).with_context(|| format!("--model {model}"))
+    ModelConfig::preset(model).map(ModelSource::Preset).with_context(|| format!("--model {model}"))
+}
+
+/// The model, and a description of where it came from.
+pub fn load(model: &str, format: WeightFormat, seed: u64, threads: usize) -> Result<(Model, String)> {
+    Ok(match resolve(model)? {
+        ModelSource::Preset(cfg) => {
+            tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
+            let weights = Weights::synthetic(&cfg, format, seed, threads)?;
+            (Model { config: cfg, weights }, format!("preset (synthetic {format} weights, seed {seed})"))
+        }
+        ModelSource::Gguf(path) => (load_model(&path)?, format!("GGUF file {}", path.display())),
+    })
 }
 
 /// What `inspect` reports, as JSON.
 pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
-    let cfg = resolve_config(model)?;
-    let layout = tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
-    let total: usize = layout.iter().map(|t| t.bytes).sum();
+    let (cfg, source, arch, tensors) = match resolve(model)? {
+        ModelSource::Preset(cfg) => {
+            let layout = tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
+            let t: Vec<(String, Vec<usize>, String, usize)> =
+                layout.into_iter().map(|t| (t.name, t.shape, t.dtype, t.bytes)).collect();
+            (cfg, format!("preset (synthetic {format} weights)"), "bitnet".to_string(), t)
+        }
+        ModelSource::Gguf(path) => {
+            let ctx = || format!("--model {}", path.display());
+            let file = std::fs::File::open(&path).with_context(ctx)?;
+            // SAFETY: a read-only private map, dropped before returning; see gguf::load_model.
+            let map = unsafe { memmap2::Mmap::map(&file) }.with_context(ctx)?;
+            let f = GgufFile::parse(&map).with_context(ctx)?;
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let cfg = config_from_gguf(&f, &stem).with_context(ctx)?;
+            let arch = f.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("").to_string();
+            let t = f
+                .tensors
+                .iter()
+                .map(|t| {
+                    let (rows, cols) = t.rows_cols();
+                    let shape = if t.dims.len() == 1 { vec![cols] } else { vec![rows, cols] };
+                    (t.name.clone(), shape, t.ggml_type.name().to_string(), t.size)
+                })
+                .collect();
+            (cfg, format!("GGUF file {}", path.display()), arch, t)
+        }
+    };
+    let total: usize = tensors.iter().map(|t| t.3).sum();
     let linear_params = cfg.linear_params();
-    let linear_bytes: usize = layout.iter().filter(|t| t.dtype == format.name()).map(|t| t.bytes).sum();
+    let is_linear = |name: &str| {
+        ["attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.", "ffn_down."]
+            .iter()
+            .any(|p| name.contains(p))
+    };
+    let linear_bytes: usize = tensors.iter().filter(|t| is_linear(&t.0)).map(|t| t.3).sum();
+    let read_per_token: usize =
+        tensors.iter().filter(|t| t.0 != "token_embd.weight" || cfg.tied_embeddings).map(|t| t.3).sum();
     Ok(json!({
         "model": cfg.name,
-        "source": "preset (synthetic weights)",
-        "architecture": "bitnet",
+        "source": source,
+        "architecture": arch,
         "hyperparameters": {
             "hidden": cfg.hidden, "ffn": cfg.ffn, "layers": cfg.layers, "heads": cfg.heads,
             "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim(), "vocab": cfg.vocab,
@@ -38,12 +91,11 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
             "ffn_activation": cfg.activation.name(), "sub_norms": cfg.sub_norms,
             "tied_embeddings": cfg.tied_embeddings,
         },
-        "linear_format": format.name(),
-        "tensors": layout.iter().map(|t| json!({"name": t.name, "shape": t.shape, "type": t.dtype, "bytes": t.bytes})).collect::<Vec<_>>(),
+        "tensors": tensors.iter().map(|t| json!({"name": t.0, "shape": t.1, "type": t.2, "bytes": t.3})).collect::<Vec<_>>(),
         "total_weight_bytes": total,
         "linear_params": linear_params,
         "linear_bits_per_weight": linear_bytes as f64 * 8.0 / linear_params as f64,
-        "bytes_read_per_token": bytes_read_per_token(&cfg, &layout),
+        "bytes_read_per_token": read_per_token,
     }))
 }
 
@@ -118,7 +170,8 @@ pub struct RunOutcome {
 /// Generation (greedy unless a temperature is given); with `logits_out`, one row of logits
 /// per fed and generated token.
 pub fn run(a: &RunArgs) -> Result<RunOutcome> {
-    let cfg = resolve_config(&a.model)?;
+    let (model, _source) = load(&a.model, a.format, a.seed, a.threads)?;
+    let cfg = model.config.clone();
     if a.tokens.is_empty() {
         bail!("--tokens: give at least one token id");
     }
@@ -136,11 +189,6 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
     if let Some(path) = &a.logits_out {
         check_writable(path)?;
     }
-    let layout = tensor_layout(&cfg, a.format).with_context(|| format!("--format {}", a.format))?;
-    let model = Model {
-        weights: bitnet_engine::model::Weights::synthetic(&cfg, a.format, a.seed, a.threads)?,
-        config: cfg.clone(),
-    };
     let mut opts = StateOptions::new(1, ctx, a.kv, a.threads);
     opts.kernel = a.kernel;
     opts.pin = a.pin;
@@ -182,7 +230,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         prefill_secs,
         decode_secs,
         decode_steps: steps,
-        bytes_read_per_token: bytes_read_per_token(&cfg, &layout),
+        bytes_read_per_token: model.weights.bytes_read_per_token(),
         kernel: st.kernel(&model),
     })
 }

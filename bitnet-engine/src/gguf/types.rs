@@ -122,7 +122,7 @@ impl GgmlType {
     /// the f32 tensor scale and 28 bytes of padding.
     pub fn byte_size(self, row_len: u64, elements: u64) -> Result<usize, String> {
         let (bs, bytes) = self.block();
-        if row_len % bs != 0 {
+        if !row_len.is_multiple_of(bs) {
             return Err(format!("{} needs rows of a multiple of {bs} values, got {row_len}", self.name()));
         }
         let extra = if self == GgmlType::I2S { 32 } else { 0 };
@@ -188,7 +188,7 @@ pub fn decode_q6k_block(b: &[u8], out: &mut [f32]) {
 /// `6 − 2 (j / 32)`; codes 0, 1, 2 mean −1, 0, +1.
 pub fn decode_i2s(data: &[u8], rows: usize, cols: usize) -> Result<(Vec<i8>, f32), String> {
     let n = rows * cols;
-    if n % 128 != 0 {
+    if !n.is_multiple_of(128) {
         return Err(format!("I2_S needs a multiple of 128 weights, got {n}"));
     }
     if data.len() < n / 4 + 4 {
