@@ -89,6 +89,13 @@ struct RunCmd {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     sample_seed: u64,
+    /// Save the model as a GGUF file llama.cpp loads (architecture bitnet), to run the very same
+    /// weights with llama-bench.
+    #[arg(long)]
+    save_gguf: Option<std::path::PathBuf>,
+    /// Linear-layer format of --save-gguf (tq2_0 or tq1_0); default: the model's, else tq2_0.
+    #[arg(long)]
+    save_format: Option<WeightFormat>,
 }
 
 #[derive(clap::Args, Default)]
@@ -227,6 +234,14 @@ fn run_model(a: RunCmd) -> Result<()> {
         kernel,
         pin: a.pin,
         logits_out: a.logits_out,
+        save_gguf: a.save_gguf.map(|p| {
+            let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
+                WeightFormat::Tq1_0
+            } else {
+                WeightFormat::Tq2_0
+            });
+            (p, f)
+        }),
         sampling: bitnet_engine::model::SamplingParams {
             temperature: a.temperature,
             top_k: a.top_k,

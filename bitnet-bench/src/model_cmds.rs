@@ -155,6 +155,8 @@ pub struct RunArgs {
     pub logits_out: Option<PathBuf>,
     /// Temperature 0 = greedy.
     pub sampling: SamplingParams,
+    /// Also save the model as a GGUF llama.cpp loads, with linear layers in this TQ format.
+    pub save_gguf: Option<(PathBuf, WeightFormat)>,
 }
 
 /// What `run` measured.
@@ -187,7 +189,12 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         );
     }
     if let Some(path) = &a.logits_out {
-        check_writable(path)?;
+        check_writable(path).map_err(|e| anyhow::anyhow!("--logits-out: {e:#}"))?;
+    }
+    if let Some((path, format)) = &a.save_gguf {
+        check_writable(path).map_err(|e| anyhow::anyhow!("--save-gguf: {e:#}"))?;
+        bitnet_engine::gguf::save_model(&model, *format, path)
+            .with_context(|| format!("--save-gguf {}", path.display()))?;
     }
     let mut opts = StateOptions::new(1, ctx, a.kv, a.threads);
     opts.kernel = a.kernel;
@@ -239,12 +246,12 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
 fn check_writable(path: &Path) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !dir.is_dir() {
-        bail!("--logits-out {}: directory {} does not exist", path.display(), dir.display());
+        bail!("{}: directory {} does not exist", path.display(), dir.display());
     }
     let probe = dir.join(format!(".bitnet-write-test-{}", std::process::id()));
     std::fs::File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))
-        .with_context(|| format!("--logits-out {}: directory {} is not writable", path.display(), dir.display()))
+        .with_context(|| format!("{}: directory {} is not writable", path.display(), dir.display()))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a

@@ -168,3 +168,45 @@ fn malformed_headers_name_what_is_wrong() {
     let e = load_model(std::path::Path::new("/nonexistent/x.gguf")).unwrap_err().to_string();
     assert!(e.contains("/nonexistent/x.gguf"), "{e}");
 }
+
+#[test]
+fn saved_models_load_back_with_the_same_weights() {
+    let dir = std::env::temp_dir().join(format!("bitnet-gguf-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let original = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 5, 2).unwrap();
+    for format in [WeightFormat::Tq2_0, WeightFormat::Tq1_0] {
+        let path = dir.join(format!("tiny-{format}.gguf"));
+        bitnet_engine::gguf::save_model(&original, format, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let f = GgufFile::parse(&bytes).unwrap();
+        assert_eq!(
+            f.get("tokenizer.ggml.tokens").map(|v| matches!(v, bitnet_engine::gguf::Value::Array(a) if a.len() == 512)),
+            Some(true)
+        );
+        let loaded = load_model(&path).unwrap();
+        assert_eq!(loaded.config.hidden, original.config.hidden);
+        assert_eq!(loaded.config.layers, original.config.layers);
+        for (a, b) in original.weights.layers.iter().zip(&loaded.weights.layers) {
+            for (x, y) in a.linears().iter().zip(b.linears()) {
+                assert_eq!(y.format(), format);
+                assert_eq!(x.unpack().values, y.unpack().values);
+            }
+            assert_eq!(a.attn_norm, b.attn_norm);
+        }
+        // Logits stay close: only the embedding went int8 → f16 → int8.
+        let mut s1 = State::new(&original, &StateOptions::new(1, 16, KvPrecision::F32, 1)).unwrap();
+        let mut s2 = State::new(&loaded, &StateOptions::new(1, 16, KvPrecision::F32, 1)).unwrap();
+        let g1 = greedy(&original, &mut s1, &[1, 2, 3], 4, true).unwrap();
+        let g2 = greedy(&loaded, &mut s2, &[1, 2, 3], 4, true).unwrap();
+        for (a, b) in g1.logits.iter().zip(&g2.logits) {
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let cos = dot / (n(a) * n(b));
+            assert!(cos > 0.99, "{format}: cosine {cos}");
+        }
+    }
+    let e = bitnet_engine::gguf::save_model(&original, WeightFormat::I2, &dir.join("x.gguf")).unwrap_err().to_string();
+    assert!(e.contains("TQ2_0"), "{e}");
+    assert!(!dir.join("x.gguf").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -63,6 +63,17 @@ pub fn config_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<ModelConfig> {
         Some(_) => key_u64(f, &k("vocab_size"), None)? as usize,
         None => embd.rows_cols().0,
     };
+    let activation = match f.get(crate::gguf::writer::ACTIVATION_KEY).map(|v| v.as_str()) {
+        None => *activation,
+        Some(Some("silu")) => FfnActivation::Silu,
+        Some(Some("relu2")) => FfnActivation::ReluSquared,
+        Some(other) => {
+            return Err(Error::Format(format!(
+                "metadata key '{}' is {other:?}; expected \"silu\" or \"relu2\"",
+                crate::gguf::writer::ACTIVATION_KEY
+            )))
+        }
+    };
     let cfg = ModelConfig {
         name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(name).to_string(),
         hidden: key_u64(f, &k("embedding_length"), None)? as usize,
@@ -74,7 +85,7 @@ pub fn config_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<ModelConfig> {
         max_context: key_u64(f, &k("context_length"), Some(2048))? as usize,
         rope_theta: key_f32(f, &k("rope.freq_base"), 10_000.0)?,
         norm_eps: key_f32(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?,
-        activation: *activation,
+        activation,
         sub_norms: f.tensor("blk.0.attn_sub_norm.weight").is_some(),
         tied_embeddings: f.tensor("output.weight").is_none(),
     };

@@ -4,6 +4,7 @@
 pub mod load;
 pub mod reader;
 pub mod types;
+pub mod writer;
 
 use std::path::Path;
 
@@ -12,6 +13,7 @@ use crate::model::forward::Model;
 
 pub use reader::{GgufFile, TensorDesc, Value};
 pub use types::GgmlType;
+pub use writer::save_model;
 
 /// Memory-maps `path`, parses it and builds the model. Errors name the file.
 pub fn load_model(path: &Path) -> Result<Model> {
