@@ -210,3 +210,19 @@ fn saved_models_load_back_with_the_same_weights() {
     assert!(!dir.join("x.gguf").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn fuzz_regressions_are_errors() {
+    // Inputs the fuzzer (fuzz/) once crashed on: each must now load or fail cleanly.
+    let dir = data_path("fuzz-regressions");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            continue;
+        }
+        let _ = try_load(&std::fs::read(&path).unwrap());
+        n += 1;
+    }
+    eprintln!("{n} fuzz regression inputs replayed");
+}

@@ -209,3 +209,51 @@ pub fn decode_i2s(data: &[u8], rows: usize, cols: usize) -> Result<(Vec<i8>, f32
     let s = &data[n / 4..n / 4 + 4];
     Ok((values, f32::from_le_bytes([s[0], s[1], s[2], s[3]])))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packs ternary values the way bitnet.cpp's x86 I2_S does (shared/PLATFORM.md): weight j of
+    /// 128-weight block i in byte 32 i + j % 32 at shift 6 − 2 (j / 32), codes 0/1/2 = −1/0/+1,
+    /// then the f32 scale and 28 bytes of padding (not necessarily zero).
+    fn pack_i2s(values: &[i8], scale: f32) -> Vec<u8> {
+        let mut out = vec![0u8; values.len() / 4];
+        for (k, v) in values.iter().enumerate() {
+            let (i, j) = (k / 128, k % 128);
+            out[32 * i + j % 32] |= ((v + 1) as u8) << (6 - 2 * (j / 32));
+        }
+        out.extend_from_slice(&scale.to_le_bytes());
+        out.extend_from_slice(&[0xAB; 28]);
+        out
+    }
+
+    #[test]
+    fn i2s_decodes_bitnet_cpp_layout() {
+        let mut g = crate::rng::SplitMix64::new(4);
+        let values: Vec<i8> = (0..3 * 256).map(|_| g.ternary()).collect();
+        let bytes = pack_i2s(&values, 0.0625);
+        assert_eq!(GgmlType::I2S.byte_size(256, 3 * 256).unwrap(), bytes.len());
+        let (back, scale) = decode_i2s(&bytes, 3, 256).unwrap();
+        assert_eq!((back, scale), (values.clone(), 0.0625));
+        // Weight 0 is the top 2 bits of byte 0; weight 32 the next 2 bits of the same byte.
+        assert_eq!(bytes[0] >> 6, (values[0] + 1) as u8);
+        assert_eq!((bytes[0] >> 4) & 3, (values[32] + 1) as u8);
+        let mut bad = bytes.clone();
+        bad[5] = 0xFF;
+        assert!(decode_i2s(&bad, 3, 256).unwrap_err().contains("code 3"));
+        assert!(decode_i2s(&bytes[..100], 3, 256).is_err());
+    }
+
+    #[test]
+    fn sizes_of_block_types() {
+        assert_eq!(GgmlType::Tq2_0.byte_size(512, 512 * 3).unwrap(), 6 * 66);
+        assert_eq!(GgmlType::Q6K.byte_size(256, 256).unwrap(), 210);
+        assert!(GgmlType::Tq1_0.byte_size(100, 100).unwrap_err().contains("multiple of 256"));
+        for id in 0..40 {
+            if let Some(t) = GgmlType::from_id(id) {
+                assert_eq!(t.id(), id);
+            }
+        }
+    }
+}
