@@ -72,13 +72,7 @@ impl BitPlaneMatrix {
     }
 
     pub fn unpack(&self) -> TernaryMatrix {
-        let mut values = vec![0i8; self.rows * self.cols];
-        for (r, row) in values.chunks_mut(self.cols).enumerate() {
-            for (k, v) in row.iter_mut().enumerate() {
-                *v = self.get(r, k);
-            }
-        }
-        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale: self.scale }
+        super::unpack_by(self.rows, self.cols, self.scale, |r, k| self.get(r, k))
     }
 
     #[inline]
@@ -168,13 +162,7 @@ impl BinaryMatrix {
     }
 
     pub fn unpack(&self) -> TernaryMatrix {
-        let mut values = vec![0i8; self.rows * self.cols];
-        for (r, row) in values.chunks_mut(self.cols).enumerate() {
-            for (k, v) in row.iter_mut().enumerate() {
-                *v = self.get(r, k);
-            }
-        }
-        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale: self.scale }
+        super::unpack_by(self.rows, self.cols, self.scale, |r, k| self.get(r, k))
     }
 
     #[inline]

@@ -84,13 +84,7 @@ impl I2Matrix {
     }
 
     pub fn unpack(&self) -> TernaryMatrix {
-        let mut values = vec![0i8; self.rows * self.cols];
-        for (r, row) in values.chunks_mut(self.cols).enumerate() {
-            for (k, v) in row.iter_mut().enumerate() {
-                *v = self.get(r, k);
-            }
-        }
-        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale: self.scale }
+        super::unpack_by(self.rows, self.cols, self.scale, |r, k| self.get(r, k))
     }
 
     /// Weight at (row, col), decoded the plain way. The oracle kernel uses this.

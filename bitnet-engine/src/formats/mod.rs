@@ -18,6 +18,18 @@ pub use int8::Int8Rows;
 pub use tq1::{BlockTq1_0, Tq1Matrix};
 pub use tq2::{BlockTq2_0, Tq2Matrix, QK_K};
 
+/// A dense matrix read weight by weight from a packed one through its plain decoder: how
+/// every format unpacks (and so what round-trip tests compare).
+pub(crate) fn unpack_by(rows: usize, cols: usize, scale: f32, get: impl Fn(usize, usize) -> i8) -> TernaryMatrix {
+    let mut values = vec![0i8; rows * cols];
+    for (r, row) in values.chunks_mut(cols).enumerate() {
+        for (k, v) in row.iter_mut().enumerate() {
+            *v = get(r, k);
+        }
+    }
+    TernaryMatrix { rows, cols, values, scale }
+}
+
 /// The weight formats the kernels read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightFormat {

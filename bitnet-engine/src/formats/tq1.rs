@@ -127,14 +127,8 @@ impl Tq1Matrix {
     }
 
     pub fn unpack(&self) -> TernaryMatrix {
-        let mut values = vec![0i8; self.rows * self.cols];
-        for (r, row) in values.chunks_mut(self.cols).enumerate() {
-            for (k, v) in row.iter_mut().enumerate() {
-                *v = self.get(r, k);
-            }
-        }
         let scale = self.blocks.iter().map(|b| b.d.to_f32().abs()).fold(0.0, f32::max);
-        TernaryMatrix { rows: self.rows, cols: self.cols, values, scale }
+        super::unpack_by(self.rows, self.cols, scale, |r, k| self.get(r, k))
     }
 
     /// Ternary value at (row, col), decoded the plain way (the oracle's accessor). A byte value

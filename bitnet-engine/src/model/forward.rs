@@ -451,12 +451,17 @@ fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32]) {
     }
 }
 
+/// 1 / RMS of a row (RMSNorm's factor).
+#[inline]
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    1.0 / (row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32 + eps).sqrt()
+}
+
 /// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`.
 pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = weight.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
+        let inv = inv_rms(xr, eps);
         for ((o, v), g) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * inv * g;
         }
@@ -464,10 +469,8 @@ pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]
 }
 
 fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let n = weight.len();
-    for xr in x.chunks_exact_mut(n) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
+    for xr in x.chunks_exact_mut(weight.len()) {
+        let inv = inv_rms(xr, eps);
         for (v, g) in xr.iter_mut().zip(weight) {
             *v = *v * inv * g;
         }
