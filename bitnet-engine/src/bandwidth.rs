@@ -6,7 +6,6 @@
 
 use std::time::Instant;
 
-use crate::cpu::IsaLevel;
 use crate::error::{Error, Result};
 
 /// The result of a bandwidth probe.
@@ -89,23 +88,13 @@ pub fn measure_read_bandwidth(bytes: usize, threads: usize, passes: usize) -> Re
 /// Default probe size: 1 GiB, 32× the largest L3 on the machines we target.
 pub const DEFAULT_PROBE_BYTES: usize = 1 << 30;
 
-/// Wrapping sum of all words, with the widest loads this CPU has.
+/// Wrapping sum of all words, with the widest loads this CPU has (the SIMD loops live in the
+/// kernels' ISA modules).
 pub fn sum_words(words: &[u64]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if IsaLevel::Avx512.is_supported() {
-            // SAFETY: AVX-512F support was just checked.
-            return unsafe { sum_words_avx512(words) };
-        }
-        if IsaLevel::Avx2.is_supported() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { sum_words_avx2(words) };
-        }
-    }
-    sum_words_portable(words)
+    crate::kernels::sum_words(words)
 }
 
-fn sum_words_portable(words: &[u64]) -> u64 {
+pub(crate) fn sum_words_portable(words: &[u64]) -> u64 {
     let mut acc = [0u64; 8];
     let mut it = words.chunks_exact(8);
     for c in &mut it {
@@ -114,42 +103,6 @@ fn sum_words_portable(words: &[u64]) -> u64 {
         }
     }
     it.remainder().iter().chain(acc.iter()).fold(0u64, |a, b| a.wrapping_add(*b))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_words_avx512(words: &[u64]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 4];
-    let body = words.len() / 32 * 32;
-    let p = words.as_ptr();
-    for i in (0..body).step_by(32) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: i + 8j + 8 ≤ body ≤ words.len().
-            *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(i + 8 * j) as *const _));
-        }
-    }
-    let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
-    (_mm512_reduce_add_epi64(s) as u64).wrapping_add(sum_words_portable(&words[body..]))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_si256(); 4];
-    let body = words.len() / 16 * 16;
-    let p = words.as_ptr();
-    for i in (0..body).step_by(16) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: i + 4j + 4 ≤ body ≤ words.len().
-            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(i + 4 * j) as *const __m256i));
-        }
-    }
-    let mut lanes = [0u64; 4];
-    let s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
-    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, s);
-    lanes.iter().fold(sum_words_portable(&words[body..]), |a, b| a.wrapping_add(*b))
 }
 
 #[cfg(test)]

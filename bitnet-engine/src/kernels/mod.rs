@@ -450,3 +450,38 @@ pub fn int8_rows_matmul(
     }
     Ok(())
 }
+
+/// Wrapping sum of `words` with the widest loads this CPU has: the bandwidth probe's reader.
+pub fn sum_words(words: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(t) = x86_avx512::Avx512::new() {
+            return x86_avx512::sum_words(t, words);
+        }
+        if let Some(t) = x86_avx2::Avx2::new() {
+            return x86_avx2::sum_words(t, words);
+        }
+    }
+    crate::bandwidth::sum_words_portable(words)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_isa_sums_words_like_the_portable_loop() {
+        for n in [0usize, 1, 7, 15, 16, 31, 32, 33, 1000] {
+            let w: Vec<u64> = (0..n as u64).map(|i| i.wrapping_mul(0xDEAD_BEEF_1234_5677)).collect();
+            let want = crate::bandwidth::sum_words_portable(&w);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if let Some(t) = super::x86_avx2::Avx2::new() {
+                    assert_eq!(super::x86_avx2::sum_words(t, &w), want, "avx2, n {n}");
+                }
+                if let Some(t) = super::x86_avx512::Avx512::new() {
+                    assert_eq!(super::x86_avx512::sum_words(t, &w), want, "avx512, n {n}");
+                }
+            }
+            assert_eq!(super::sum_words(&w), want);
+        }
+    }
+}

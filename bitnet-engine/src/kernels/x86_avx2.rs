@@ -234,7 +234,7 @@ unsafe fn popcnt_u64x4(v: __m256i) -> __m256i {
 #[inline(always)]
 unsafe fn hsum_u64(v: __m256i) -> u64 {
     let s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as u64
+    (_mm_cvtsi128_si64(s) as u64).wrapping_add(_mm_extract_epi64::<1>(s) as u64)
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
@@ -443,4 +443,24 @@ unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>,
             out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
         }
     }
+}
+
+/// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 256-bit accumulators.
+pub(crate) fn sum_words(_t: Avx2, words: &[u64]) -> u64 {
+    // SAFETY: the token proves AVX2 support; every load is inside `words` (i + 4j + 4 ≤ body).
+    unsafe { sum_words_impl(words) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn sum_words_impl(words: &[u64]) -> u64 {
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let body = words.len() / 16 * 16;
+    let p = words.as_ptr();
+    for i in (0..body).step_by(16) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(i + 4 * j) as *const __m256i));
+        }
+    }
+    let s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
+    hsum_u64(s).wrapping_add(crate::bandwidth::sum_words_portable(&words[body..]))
 }

@@ -492,3 +492,23 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
         }
     }
 }
+
+/// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
+pub(crate) fn sum_words(_t: Avx512, words: &[u64]) -> u64 {
+    // SAFETY: the token proves AVX-512F support; every load is inside `words` (i + 8j + 8 ≤ body).
+    unsafe { sum_words_impl(words) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_words_impl(words: &[u64]) -> u64 {
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let body = words.len() / 32 * 32;
+    let p = words.as_ptr();
+    for i in (0..body).step_by(32) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(i + 8 * j) as *const _));
+        }
+    }
+    let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
+    (_mm512_reduce_add_epi64(s) as u64).wrapping_add(crate::bandwidth::sum_words_portable(&words[body..]))
+}
