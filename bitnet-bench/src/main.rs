@@ -96,6 +96,10 @@ struct RunCmd {
     /// Linear-layer format of --save-gguf (tq2_0 or tq1_0); default: the model's, else tq2_0.
     #[arg(long)]
     save_format: Option<WeightFormat>,
+    /// Decode this many sequences in lock-step (each fed --tokens); prints the first one's
+    /// tokens, and tokens/s over all of them.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 #[derive(clap::Args, Default)]
@@ -234,6 +238,7 @@ fn run_model(a: RunCmd) -> Result<()> {
         kernel,
         pin: a.pin,
         logits_out: a.logits_out,
+        batch: a.batch,
         save_gguf: a.save_gguf.map(|p| {
             let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
                 WeightFormat::Tq1_0
@@ -252,10 +257,11 @@ fn run_model(a: RunCmd) -> Result<()> {
     println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
     let decode_tps = out.decode_steps as f64 / out.decode_secs;
     eprintln!(
-        "kernel {}, {} threads, kv {}: prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {} steps {:.1} tok/s ({:.2} ms/token); weights read per token {:.1} MiB → {:.1} GB/s",
+        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {} steps {:.1} tok/s ({:.2} ms/token); weights read per step {:.1} MiB → {:.1} GB/s",
         out.kernel,
         threads,
         a.kv,
+        a.batch,
         a.tokens.len(),
         out.prefill_secs * 1e3,
         a.tokens.len() as f64 / out.prefill_secs,
@@ -263,7 +269,8 @@ fn run_model(a: RunCmd) -> Result<()> {
         decode_tps,
         1e3 / decode_tps,
         out.bytes_read_per_token as f64 / (1 << 20) as f64,
-        out.bytes_read_per_token as f64 * decode_tps / 1e9
+        // Weights are read once per step for the whole batch.
+        out.bytes_read_per_token as f64 * decode_tps / a.batch as f64 / 1e9
     );
     Ok(())
 }

@@ -207,3 +207,21 @@ fn save_gguf_writes_a_file_that_runs_the_same() {
     assert_eq!(run(file.to_str().unwrap(), &[]), direct);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn batched_run_decodes_every_sequence_like_a_single_run() {
+    let go = |batch: &str| {
+        let out = bench()
+            .args(["run", "--model", "tiny", "--tokens", "4,5,6", "--n-predict", "10", "--batch", batch])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (single, _) = go("1");
+    let (batched, stderr) = go("4");
+    assert_eq!(single, batched);
+    assert!(stderr.contains("batch 4"), "{stderr}");
+    let out = bench().args(["run", "--model", "tiny", "--tokens", "1", "--batch", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
