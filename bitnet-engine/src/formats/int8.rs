@@ -5,7 +5,7 @@
 //! operand; `Σ w·x = Σ (w + 128)·x − 128·Σ x`, the same trick the ternary formats use. Rows are
 //! padded to a multiple of 256 columns with code 128 (weight 0) to match activation padding.
 
-use crate::activations::ACT_PAD;
+use crate::activations::{round_even, ACT_PAD};
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
 
@@ -53,7 +53,7 @@ impl Int8Rows {
         if absmax > 0.0 && absmax.is_finite() {
             let inv = 127.0 / absmax;
             for (d, x) in dst.iter_mut().zip(v) {
-                *d = ((x * inv).round_ties_even().clamp(-127.0, 127.0) as i32 + 128) as u8;
+                *d = (round_even(x * inv).clamp(-127.0, 127.0) as i32 + 128) as u8;
             }
             self.scales[r] = absmax / 127.0;
         } else {

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
+use crate::activations::round_even;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 
@@ -108,7 +109,7 @@ impl KvPrecision {
                 let scale = f16::from_f32(absmax(v) / 127.0);
                 let inv = if scale.to_f32() > 0.0 { 1.0 / scale.to_f32() } else { 0.0 };
                 for (o, x) in out[..d].iter_mut().zip(v) {
-                    *o = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+                    *o = round_even(x * inv).clamp(-127.0, 127.0) as i8 as u8;
                 }
                 out[d..].copy_from_slice(&scale.to_le_bytes());
             }
@@ -121,7 +122,7 @@ impl KvPrecision {
                     scales[2 * g..2 * g + 2].copy_from_slice(&scale.to_le_bytes());
                     for (j, x) in chunk.iter().enumerate() {
                         let i = g * INT4_GROUP + j;
-                        let q = ((x * inv).round_ties_even().clamp(-7.0, 7.0) as i32 + 8) as u8; // 1..=15
+                        let q = (round_even(x * inv).clamp(-7.0, 7.0) as i32 + 8) as u8; // 1..=15
                         codes[i / 2] |= q << (4 * (i % 2));
                     }
                 }
@@ -139,7 +140,7 @@ impl KvPrecision {
                     params[4 * g + 2..4 * g + 4].copy_from_slice(&step.to_le_bytes());
                     for (j, x) in chunk.iter().enumerate() {
                         let i = g * INT2_GROUP + j;
-                        let q = ((x - min.to_f32()) * inv).round_ties_even().clamp(0.0, 3.0) as u8;
+                        let q = round_even((x - min.to_f32()) * inv).clamp(0.0, 3.0) as u8;
                         codes[i / 4] |= q << (2 * (i % 4));
                     }
                 }
