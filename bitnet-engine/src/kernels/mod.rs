@@ -451,6 +451,86 @@ pub fn int8_rows_matmul(
     Ok(())
 }
 
+/// Attention scores `out[p] = dot16(q, k_p) × scale` for `out.len()` keys stored as rows of
+/// `q.len()` (f32 or f16). `dot16` is the fixed-order dot product of the forward pass (16 lanes,
+/// no fused multiply-add, a fixed reduction tree), so every ISA gives identical results.
+pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return K::scores_avx512(t, q, keys, scale, out);
+    }
+    attention_scores_portable(q, keys, scale, out)
+}
+
+fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let mut row = [0f32; 512];
+    for (p, o) in out.iter_mut().enumerate() {
+        let k = &keys[p * hd..(p + 1) * hd];
+        let kf = &mut row[..hd];
+        for (d, v) in kf.iter_mut().zip(k) {
+            *d = v.to_f32();
+        }
+        *o = crate::model::forward::dot16(q, kf) * scale;
+    }
+}
+
+/// `o[d] += w[p] × v_p[d]` for every position p in order (multiply, then add): the attention
+/// output, identical at every ISA level.
+pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return K::axpy_avx512(t, w, values, o);
+    }
+    attention_weighted_sum_portable(w, values, o)
+}
+
+fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32]) {
+    let hd = o.len();
+    for (p, wp) in w.iter().enumerate() {
+        for (a, v) in o.iter_mut().zip(&values[p * hd..(p + 1) * hd]) {
+            *a += wp * v.to_f32();
+        }
+    }
+}
+
+/// Element types of cached keys and values that attention reads in place.
+pub(crate) trait KeyElem: Copy {
+    fn to_f32(self) -> f32;
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32]);
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[Self], o: &mut [f32]);
+}
+
+impl KeyElem for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+        x86_avx512::attention_scores_f32(t, q, keys, scale, out)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[f32], o: &mut [f32]) {
+        x86_avx512::attention_axpy_f32(t, w, values, o)
+    }
+}
+
+impl KeyElem for half::f16 {
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32]) {
+        x86_avx512::attention_scores_f16(t, q, keys, scale, out)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[half::f16], o: &mut [f32]) {
+        x86_avx512::attention_axpy_f16(t, w, values, o)
+    }
+}
+
 /// Wrapping sum of `words` with the widest loads this CPU has: the bandwidth probe's reader.
 pub fn sum_words(words: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -467,6 +547,50 @@ pub fn sum_words(words: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn attention_primitives_are_bit_identical_to_the_portable_loops() {
+        let mut g = crate::rng::SplitMix64::new(17);
+        for hd in [64usize, 96, 100, 128] {
+            for n in [1usize, 2, 17, 130] {
+                let q: Vec<f32> = (0..hd).map(|_| g.unit_f32() * 4.0 - 2.0).collect();
+                let k32: Vec<f32> = (0..n * hd).map(|_| g.unit_f32() * 6.0 - 3.0).collect();
+                let k16: Vec<half::f16> = k32.iter().map(|v| half::f16::from_f32(*v)).collect();
+                let w: Vec<f32> = (0..n).map(|_| g.unit_f32()).collect();
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                super::attention_scores(&q, &k32, 0.125, &mut a);
+                super::attention_scores_portable(&q, &k32, 0.125, &mut b);
+                assert_eq!(
+                    a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "f32 scores hd {hd} n {n}"
+                );
+                super::attention_scores(&q, &k16, 0.125, &mut a);
+                super::attention_scores_portable(&q, &k16, 0.125, &mut b);
+                assert_eq!(
+                    a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "f16 scores hd {hd} n {n}"
+                );
+                let (mut oa, mut ob) = (q.clone(), q.clone());
+                super::attention_weighted_sum(&w, &k16, &mut oa);
+                super::attention_weighted_sum_portable(&w, &k16, &mut ob);
+                assert_eq!(
+                    oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "f16 sum hd {hd} n {n}"
+                );
+                let (mut oa, mut ob) = (q.clone(), q.clone());
+                super::attention_weighted_sum(&w, &k32, &mut oa);
+                super::attention_weighted_sum_portable(&w, &k32, &mut ob);
+                assert_eq!(
+                    oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "f32 sum hd {hd} n {n}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_isa_sums_words_like_the_portable_loop() {
         for n in [0usize, 1, 7, 15, 16, 31, 32, 33, 1000] {

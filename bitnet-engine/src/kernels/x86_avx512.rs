@@ -512,3 +512,107 @@ unsafe fn sum_words_impl(words: &[u64]) -> u64 {
     let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
     (_mm512_reduce_add_epi64(s) as u64).wrapping_add(crate::bandwidth::sum_words_portable(&words[body..]))
 }
+
+// Attention in the forward pass's fixed float order (see `forward::dot16`): lane l of a
+// 16-lane accumulator sums products of elements l, l+16, l+32, … with a multiply then an add
+// (never fused), a short last chunk only touches its own lanes, and the lanes are reduced as
+// 8+8, 4+4, 2+2, 1+1. Results are therefore identical to the portable path.
+
+/// Sixteen key elements as f32 from `p` (f32 or f16), `n` ≤ 16 valid, the rest 0.
+trait Lanes: Copy {
+    unsafe fn load16(p: *const Self, n: usize) -> __m512;
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32, n: usize) -> __m512 {
+        if n == 16 {
+            _mm512_loadu_ps(p)
+        } else {
+            _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p)
+        }
+    }
+}
+
+impl Lanes for half::f16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const half::f16, n: usize) -> __m512 {
+        let raw = if n == 16 {
+            _mm256_loadu_si256(p as *const __m256i)
+        } else {
+            _mm256_maskz_loadu_epi16(((1u32 << n) - 1) as __mmask16, p as *const i16)
+        };
+        _mm512_cvtph_ps(raw)
+    }
+}
+
+#[inline(always)]
+unsafe fn reduce_fixed(v: __m512) -> f32 {
+    let a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c)))
+}
+
+#[inline(always)]
+unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    debug_assert!(keys.len() >= out.len() * hd);
+    for (p, o) in out.iter_mut().enumerate() {
+        let k = keys.as_ptr().add(p * hd);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < hd {
+            let n = (hd - i).min(16);
+            let prod = _mm512_mul_ps(f32::load16(q.as_ptr().add(i), n), K::load16(k.add(i), n));
+            acc = _mm512_mask_add_ps(acc, ((1u32 << n) - 1) as __mmask16, acc, prod);
+            i += 16;
+        }
+        *o = reduce_fixed(acc) * scale;
+    }
+}
+
+#[inline(always)]
+unsafe fn axpy_impl<K: Lanes>(w: &[f32], values: &[K], o: &mut [f32]) {
+    let hd = o.len();
+    debug_assert!(values.len() >= w.len() * hd);
+    let mut i = 0;
+    while i < hd {
+        let n = (hd - i).min(16);
+        let m = ((1u32 << n) - 1) as __mmask16;
+        let mut acc = f32::load16(o.as_ptr().add(i), n);
+        for (p, wp) in w.iter().enumerate() {
+            let prod = _mm512_mul_ps(_mm512_set1_ps(*wp), K::load16(values.as_ptr().add(p * hd + i), n));
+            acc = _mm512_add_ps(acc, prod);
+        }
+        _mm512_mask_storeu_ps(o.as_mut_ptr().add(i), m, acc);
+        i += 16;
+    }
+}
+
+macro_rules! attention_entry {
+    ($scores:ident, $axpy:ident, $t:ty, $si:ident, $ai:ident) => {
+        pub(crate) fn $scores(_t: Avx512, q: &[f32], keys: &[$t], scale: f32, out: &mut [f32]) {
+            assert!(keys.len() >= out.len() * q.len());
+            // SAFETY: the token proves AVX-512 F/BW/VL/F16C; loads stay inside `q` and `keys`
+            // (masked for the last partial chunk), as the assert above guarantees.
+            unsafe { $si(q, keys, scale, out) }
+        }
+        pub(crate) fn $axpy(_t: Avx512, w: &[f32], values: &[$t], o: &mut [f32]) {
+            assert!(values.len() >= w.len() * o.len());
+            // SAFETY: as above, for `w`, `values` and `o`.
+            unsafe { $ai(w, values, o) }
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $si(q: &[f32], keys: &[$t], scale: f32, out: &mut [f32]) {
+            scores_impl(q, keys, scale, out)
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $ai(w: &[f32], values: &[$t], o: &mut [f32]) {
+            axpy_impl(w, values, o)
+        }
+    };
+}
+
+attention_entry!(attention_scores_f32, attention_axpy_f32, f32, scores_f32_impl, axpy_f32_impl);
+attention_entry!(attention_scores_f16, attention_axpy_f16, half::f16, scores_f16_impl, axpy_f16_impl);

@@ -6,9 +6,9 @@ use std::ops::Range;
 use crate::activations::ActivationBatch;
 use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
-use crate::kernels::{int8_rows_matmul, Kernel, KernelScratch};
+use crate::kernels::{attention_scores, attention_weighted_sum, int8_rows_matmul, Kernel, KernelScratch};
 use crate::model::config::{FfnActivation, ModelConfig};
-use crate::model::kv_cache::{KvCache, KvPrecision};
+use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
 
@@ -536,21 +536,35 @@ fn attention(
             let (seq, pos, kh) = (seqs[row], positions[row], head / group);
             let qh = &q[row * heads * hd + head * hd..][..hd];
             let scores = &mut s.scores[..=pos];
-            let mut max = f32::NEG_INFINITY;
-            for (p, sc) in scores.iter_mut().enumerate() {
-                *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
-                max = max.max(*sc);
+            match kv.key_rows(layer, seq, kh, pos + 1) {
+                KvRows::F32(k) => attention_scores(qh, k, scale, scores),
+                KvRows::F16(k) => attention_scores(qh, k, scale, scores),
+                KvRows::Encoded => {
+                    for (p, sc) in scores.iter_mut().enumerate() {
+                        *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
+                    }
+                }
             }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for sc in scores.iter_mut() {
                 *sc = (*sc - max).exp();
                 sum += *sc;
             }
+            // Attention weights, in place.
+            for sc in scores.iter_mut() {
+                *sc /= sum;
+            }
             o.fill(0.0);
-            for (p, sc) in scores.iter().enumerate() {
-                let wgt = sc / sum;
-                for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
-                    *a += wgt * v;
+            match kv.value_rows(layer, seq, kh, pos + 1) {
+                KvRows::F32(v) => attention_weighted_sum(scores, v, o),
+                KvRows::F16(v) => attention_weighted_sum(scores, v, o),
+                KvRows::Encoded => {
+                    for (p, wgt) in scores.iter().enumerate() {
+                        for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
+                            *a += wgt * v;
+                        }
+                    }
                 }
             }
         }

@@ -317,6 +317,25 @@ impl Store {
     }
 }
 
+/// Positions `0..n` of one (layer, sequence, head) as stored: contiguous rows of `head_dim`
+/// for the float stores, which attention then reads without decoding.
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    /// Quantized: decode position by position (`KvCache::key` / `value`).
+    Encoded,
+}
+
+impl Store {
+    fn rows(&self, first: usize, n: usize, hd: usize) -> KvRows<'_> {
+        match self {
+            Store::F32(d) => KvRows::F32(&d[first * hd..(first + n) * hd]),
+            Store::F16(d) => KvRows::F16(&d[first * hd..(first + n) * hd]),
+            Store::Bytes(_) => KvRows::Encoded,
+        }
+    }
+}
+
 /// Keys and values of every layer for `seqs` sequences of up to `ctx` positions.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -371,6 +390,16 @@ impl KvCache {
     #[inline]
     fn index(&self, seq: usize, head: usize, pos: usize) -> usize {
         (seq * self.kv_heads + head) * self.ctx + pos
+    }
+
+    /// Keys of positions `0..n` of (layer, sequence, head), as stored.
+    pub fn key_rows(&self, layer: usize, seq: usize, head: usize, n: usize) -> KvRows<'_> {
+        self.keys[layer].rows(self.index(seq, head, 0), n, self.head_dim)
+    }
+
+    /// Values of positions `0..n` of (layer, sequence, head), as stored.
+    pub fn value_rows(&self, layer: usize, seq: usize, head: usize, n: usize) -> KvRows<'_> {
+        self.values[layer].rows(self.index(seq, head, 0), n, self.head_dim)
     }
 
     /// Stores the key and value of one (layer, sequence, head, position).
