@@ -7,7 +7,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use bitnet_engine::gguf::load::config_from_gguf;
 use bitnet_engine::gguf::{load_model, GgufFile};
-use bitnet_engine::model::{prefill, tensor_layout, Sampler, SamplingParams, Weights};
+use bitnet_engine::model::{
+    bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, TensorInfo, Weights,
+};
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions, WeightFormat};
 use serde_json::json;
 
@@ -45,9 +47,7 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
     let (cfg, source, arch, tensors) = match resolve(model)? {
         ModelSource::Preset(cfg) => {
             let layout = tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
-            let t: Vec<(String, Vec<usize>, String, usize)> =
-                layout.into_iter().map(|t| (t.name, t.shape, t.dtype, t.bytes)).collect();
-            (cfg, format!("preset (synthetic {format} weights)"), "bitnet".to_string(), t)
+            (cfg, format!("preset (synthetic {format} weights)"), "bitnet".to_string(), layout)
         }
         ModelSource::Gguf(path) => {
             let ctx = || format!("--model {}", path.display());
@@ -64,22 +64,21 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
                 .map(|t| {
                     let (rows, cols) = t.rows_cols();
                     let shape = if t.dims.len() == 1 { vec![cols] } else { vec![rows, cols] };
-                    (t.name.clone(), shape, t.ggml_type.name().to_string(), t.size)
+                    TensorInfo { name: t.name.clone(), shape, dtype: t.ggml_type.name().to_string(), bytes: t.size }
                 })
-                .collect();
+                .collect::<Vec<_>>();
             (cfg, format!("GGUF file {}", path.display()), arch, t)
         }
     };
-    let total: usize = tensors.iter().map(|t| t.3).sum();
+    let total: usize = tensors.iter().map(|t| t.bytes).sum();
     let linear_params = cfg.linear_params();
     let is_linear = |name: &str| {
         ["attn_q.", "attn_k.", "attn_v.", "attn_output.", "ffn_gate.", "ffn_up.", "ffn_down."]
             .iter()
             .any(|p| name.contains(p))
     };
-    let linear_bytes: usize = tensors.iter().filter(|t| is_linear(&t.0)).map(|t| t.3).sum();
-    let read_per_token: usize =
-        tensors.iter().filter(|t| t.0 != "token_embd.weight" || cfg.tied_embeddings).map(|t| t.3).sum();
+    let linear_bytes: usize = tensors.iter().filter(|t| is_linear(&t.name)).map(|t| t.bytes).sum();
+    let read_per_token = bytes_read_per_token(&cfg, &tensors);
     Ok(json!({
         "model": cfg.name,
         "source": source,
@@ -91,7 +90,7 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
             "ffn_activation": cfg.activation.name(), "sub_norms": cfg.sub_norms,
             "tied_embeddings": cfg.tied_embeddings,
         },
-        "tensors": tensors.iter().map(|t| json!({"name": t.0, "shape": t.1, "type": t.2, "bytes": t.3})).collect::<Vec<_>>(),
+        "tensors": tensors.iter().map(|t| json!({"name": t.name, "shape": t.shape, "type": t.dtype, "bytes": t.bytes})).collect::<Vec<_>>(),
         "total_weight_bytes": total,
         "linear_params": linear_params,
         "linear_bits_per_weight": linear_bytes as f64 * 8.0 / linear_params as f64,

@@ -186,6 +186,16 @@ unsafe fn popcount(words: &[u64]) -> u32 {
     _mm512_reduce_add_epi64(acc) as u32
 }
 
+/// Sum of all i32 lanes of a token's accumulators.
+#[inline(always)]
+unsafe fn reduce_acc<const A: usize>(acc: &[__m512i; A]) -> i32 {
+    let mut s = acc[0];
+    for a in &acc[1..] {
+        s = _mm512_add_epi32(s, *a);
+    }
+    _mm512_reduce_add_epi32(s)
+}
+
 /// Tokens processed together per pass over a weight row.
 const GROUP: usize = 8;
 
@@ -254,11 +264,7 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     for i in 0..R {
         for g in 0..G {
             let b = b0 + g;
-            let mut s = acc[i][g][0];
-            for a in 1..A {
-                s = _mm512_add_epi32(s, acc[i][g][a]);
-            }
-            let mut isum = _mm512_reduce_add_epi32(s);
+            let mut isum = reduce_acc(&acc[i][g]);
             if t > 0 {
                 isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
             }
@@ -353,11 +359,7 @@ unsafe fn tq2_uniform<const G: usize, const A: usize>(
     }
     let d = f16_to_f64(row[0].d);
     for g in 0..G {
-        let mut s = acc[g][0];
-        for a in 1..A {
-            s = _mm512_add_epi32(s, acc[g][a]);
-        }
-        let isum = _mm512_reduce_add_epi32(s) - x.sum(b0 + g);
+        let isum = reduce_acc(&acc[g]) - x.sum(b0 + g);
         out[b0 + g] = finish_blocks(d * isum as f64, x.scale(b0 + g));
     }
 }
@@ -482,12 +484,8 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
     }
     for i in 0..R {
         for g in 0..G {
-            let mut s = acc[i][g][0];
-            for a in 1..A {
-                s = _mm512_add_epi32(s, acc[i][g][a]);
-            }
             let b = b0 + g;
-            let isum = _mm512_reduce_add_epi32(s) - 128 * x.sum(b);
+            let isum = reduce_acc(&acc[i][g]) - 128 * x.sum(b);
             out[i * batch + b] = finish_tensor(isum, m.scale(r + i), x.scale(b));
         }
     }

@@ -26,11 +26,6 @@ impl Model {
         let weights = Weights::synthetic(&config, format, seed, threads)?;
         Ok(Self { config, weights })
     }
-
-    /// The format of the linear layers (of the first layer's Q projection).
-    pub fn linear_format(&self) -> WeightFormat {
-        self.weights.layers[0].wq.format()
-    }
 }
 
 /// How a [`State`] is built.
