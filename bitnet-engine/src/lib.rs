@@ -5,6 +5,8 @@
 //! - [`kernels`]: ternary × int8 matmul families at several ISA levels, chosen at run time,
 //!   all equal to a plain scalar oracle.
 //! - [`bandwidth`]: the memory read-bandwidth probe (the decode roofline).
+//! - [`model`]: the BitNet b1.58 decoder, KV cache, worker pool, generation; [`gguf`]: files.
+//! - [`instrument`]: per-stage spans (the engine emits; `bitnet-trace` reads).
 //!
 //! The engine depends on nothing heavy; the tools (`bitnet-trace`, `bitnet-bench`,
 //! `bitnet-diff`) depend on it.
@@ -19,10 +21,10 @@ pub mod cpu;
 pub mod error;
 pub mod formats;
 pub mod gguf;
+pub mod instrument;
 pub mod kernels;
 pub mod model;
 pub mod rng;
-pub mod stages;
 pub mod ternary;
 
 pub use activations::ActivationBatch;

@@ -1,10 +1,14 @@
 //! After warm-up, a decode step allocates nothing on the heap (single and batched, every
-//! kernel family, quantized KV). A counting global allocator, alone in this test binary.
+//! kernel family in both forms, quantized KV), with per-stage spans off, aggregated or on a
+//! timeline. A counting global allocator, alone in this test binary.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bitnet_engine::{Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
+use bitnet_engine::instrument::Level;
+use bitnet_engine::{
+    IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat,
+};
 
 struct Counting;
 
@@ -37,10 +41,17 @@ fn decode_steps_do_not_allocate() {
         (WeightFormat::BitPlanes, KernelFamily::Xnor),
     ] {
         let model = Model::synthetic("tiny", format, 7, 2).unwrap();
-        for (batch, kv) in [(1usize, KvPrecision::F16), (4, KvPrecision::Int4)] {
+        let cases = [
+            (1usize, KvPrecision::F16, KernelForm::Fused, Level::Off),
+            (4, KvPrecision::Int4, KernelForm::Fused, Level::Aggregate),
+            (1, KvPrecision::F32, KernelForm::Split, Level::Timeline),
+            (2, KvPrecision::Int8, KernelForm::Split, Level::Aggregate),
+        ];
+        for (batch, kv, form, level) in cases {
             let mut opts = StateOptions::new(batch, 64, kv, 2);
-            opts.kernel = Some(Kernel::best(family));
+            opts.kernel = Some(Kernel::new(family, IsaLevel::best(), form).unwrap());
             let mut st = State::new(&model, &opts).unwrap();
+            st.set_instrument(level, 100_000);
             let seqs: Vec<usize> = (0..batch).collect();
             let mut tokens: Vec<u32> = (0..batch as u32).map(|b| 3 + b).collect();
             let mut positions = vec![0usize; batch];
@@ -53,12 +64,22 @@ fn decode_steps_do_not_allocate() {
             for pos in 3..40 {
                 positions.fill(pos);
                 st.forward(&model, &tokens, &seqs, &positions, LogitsFor::All).unwrap();
-                for (b, t) in tokens.iter_mut().enumerate() {
-                    *t = bitnet_engine::model::argmax(st.logits(b).unwrap());
-                }
+                st.time_sample(|st| {
+                    for (b, t) in tokens.iter_mut().enumerate() {
+                        *t = bitnet_engine::model::argmax(st.logits(b).unwrap());
+                    }
+                });
             }
             let allocated = ALLOCATIONS.load(Ordering::SeqCst) - before;
-            assert_eq!(allocated, 0, "{format} / {family} B={batch} {kv}: {allocated} allocations in 37 decode steps");
+            assert_eq!(
+                allocated,
+                0,
+                "{format} / {family} {form} B={batch} {kv} spans {}: {allocated} allocations in 37 decode steps",
+                level.name()
+            );
+            if level != Level::Off && bitnet_engine::instrument::ENABLED {
+                assert!(st.recorders().next().unwrap().totals().count() > 0, "spans were recorded");
+            }
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
 use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
+use crate::instrument::SplitTicks;
 
 /// A kernel family: one algorithm, implemented at several ISA levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -180,6 +181,10 @@ pub struct KernelScratch {
     codes: AlignedBytes,
     /// AND results of the xnor stage, `[8 planes, 2 (mask, sign), plane_words]`.
     words: Vec<u64>,
+    /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
+    pub(crate) time_stages: bool,
+    /// What the split forms measured since [`KernelScratch::take_split_ticks`].
+    pub(crate) split_ticks: SplitTicks,
 }
 
 impl Default for KernelScratch {
@@ -190,7 +195,12 @@ impl Default for KernelScratch {
 
 impl KernelScratch {
     pub fn new() -> Self {
-        Self { codes: AlignedBytes::zeroed(TILE_BYTES), words: Vec::new() }
+        Self {
+            codes: AlignedBytes::zeroed(TILE_BYTES),
+            words: Vec::new(),
+            time_stages: false,
+            split_ticks: SplitTicks::default(),
+        }
     }
 
     /// Preallocates for activations of `padded_cols` columns.
@@ -208,6 +218,17 @@ impl KernelScratch {
         if self.words.len() < words {
             self.words = vec![0; words];
         }
+    }
+
+    /// Makes the split forms time their two stages on every
+    /// [`TIMED_TILE_EVERY`](crate::instrument::TIMED_TILE_EVERY)-th tile.
+    pub fn set_time_stages(&mut self, on: bool) {
+        self.time_stages = crate::instrument::ENABLED && on;
+    }
+
+    /// What the split forms measured since the last call (and resets it).
+    pub fn take_split_ticks(&mut self) -> SplitTicks {
+        std::mem::take(&mut self.split_ticks)
     }
 
     /// Rows per unpack tile for this K.

@@ -11,6 +11,7 @@ use crate::formats::tq2::tq2_position;
 use crate::formats::{
     BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K,
 };
+use crate::instrument::{clock, TIMED_TILE_EVERY};
 
 /// The primitives one ISA level provides. Implemented by zero-sized tokens that can only be
 /// created when the CPU supports the level, so every method is safe to call.
@@ -89,14 +90,28 @@ fn split_codes<I: IsaOps>(
         _ => unreachable!("split_codes takes code formats only"),
     };
     let mut r0 = rows.start;
+    let mut ticks = scratch.split_ticks;
+    let timing = scratch.time_stages;
     while r0 < rows.end {
         let r1 = (r0 + tile_rows).min(rows.end);
         let tile = &mut scratch.codes.as_mut_slice()[..(r1 - r0) * stride];
-        unpack_stage(isa, w, r0..r1, tile, stride);
         let o = (r0 - rows.start) * batch;
-        dot_stage(isa, tile, stride, r0..r1, scales, x, &mut out[o..o + (r1 - r0) * batch]);
+        let out = &mut out[o..o + (r1 - r0) * batch];
+        if timing && ticks.tiles.is_multiple_of(TIMED_TILE_EVERY as u64) {
+            let t0 = clock::now();
+            unpack_stage(isa, w, r0..r1, tile, stride);
+            let t1 = clock::now();
+            dot_stage(isa, tile, stride, r0..r1, scales, x, out);
+            ticks.first += t1 - t0;
+            ticks.second += clock::now() - t1;
+        } else {
+            unpack_stage(isa, w, r0..r1, tile, stride);
+            dot_stage(isa, tile, stride, r0..r1, scales, x, out);
+        }
+        ticks.tiles += 1;
         r0 = r1;
     }
+    scratch.split_ticks = ticks;
 }
 
 /// Stage `unpack`: rows of packed weights → `[rows, stride]` codes (padding: code 1 = weight 0).
@@ -181,6 +196,8 @@ fn split_xnor<I: IsaOps>(
     let batch = x.batch();
     let words = x.plane_words();
     let dst = &mut scratch.words[..ACT_PLANES * 2 * words];
+    let mut ticks = scratch.split_ticks;
+    let timing = scratch.time_stages;
     for (i, r) in rows.enumerate() {
         for b in 0..batch {
             let (mask, sign, w_words, scale) = match w {
@@ -191,11 +208,20 @@ fn split_xnor<I: IsaOps>(
                 PackedWeights::Binary(m) => (None, m.row_words(r), m.words(), m.scale()),
                 _ => unreachable!("split_xnor takes plane formats only"),
             };
+            let timed = timing && ticks.tiles.is_multiple_of(TIMED_TILE_EVERY as u64);
+            let t0 = if timed { clock::now() } else { 0 };
             xnor_stage(isa, mask, sign, x.planes(b), w_words, words, dst);
+            let t1 = if timed { clock::now() } else { 0 };
             let isum = popcount_stage(isa, dst, words, mask.is_none(), x.plane_counts(b));
+            if timed {
+                ticks.first += t1 - t0;
+                ticks.second += clock::now() - t1;
+            }
+            ticks.tiles += 1;
             out[i * batch + b] = finish_tensor(isum, scale, x.scale(b));
         }
     }
+    scratch.split_ticks = ticks;
 }
 
 /// Stage `xnor`: AND one row's weight planes with one token's 8 activation planes.

@@ -6,7 +6,10 @@ use std::ops::Range;
 use crate::activations::ActivationBatch;
 use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
-use crate::kernels::{attention_scores, attention_weighted_sum, int8_rows_matmul, Kernel, KernelScratch};
+use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
+use crate::kernels::{
+    attention_scores, attention_weighted_sum, int8_rows_matmul, Kernel, KernelFamily, KernelForm, KernelScratch,
+};
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
 use crate::model::pool::WorkerPool;
@@ -63,13 +66,15 @@ pub enum LogitsFor {
     None,
 }
 
-/// Per-thread attention scratch.
+/// What each thread of the pool owns: kernel and attention scratch, and its span recorder.
 #[derive(Debug, Clone)]
-struct AttnScratch {
+struct Worker {
+    kernel: KernelScratch,
     /// `[context]` attention weights.
     scores: Vec<f32>,
     /// `[head_dim]` one decoded key or value.
     vec: Vec<f32>,
+    rec: ThreadRecorder,
 }
 
 /// The run state: KV cache, worker pool and every buffer a forward pass needs, allocated once.
@@ -105,9 +110,10 @@ pub struct State {
     /// Quantized activations of width hidden (= q_dim) and ffn.
     act_hidden: ActivationBatch,
     act_ffn: ActivationBatch,
-    /// One per thread.
-    kernel_scratch: Vec<KernelScratch>,
-    attn_scratch: Vec<AttnScratch>,
+    /// One per thread (thread 0 is the caller).
+    workers: Vec<Worker>,
+    /// Forward calls since the recorders were last reset (the `step` of spans).
+    step: u32,
     /// `[head_dim / 2]` RoPE inverse frequencies.
     inv_freq: Vec<f32>,
     /// Rows of the last call that got logits, in `logits`.
@@ -171,10 +177,15 @@ impl State {
             logits: vec![0.0; rows * cfg.vocab],
             act_hidden,
             act_ffn,
-            kernel_scratch: (0..opts.threads).map(|_| KernelScratch::for_cols(padded)).collect(),
-            attn_scratch: (0..opts.threads)
-                .map(|_| AttnScratch { scores: vec![0.0; opts.context], vec: vec![0.0; hd] })
+            workers: (0..opts.threads)
+                .map(|i| Worker {
+                    kernel: KernelScratch::for_cols(padded),
+                    scores: vec![0.0; opts.context],
+                    vec: vec![0.0; hd],
+                    rec: ThreadRecorder::off(i),
+                })
                 .collect(),
+            step: 0,
             inv_freq: (0..hd / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / hd as f32)).collect(),
             logit_rows: 0..0,
             any_xnor,
@@ -204,6 +215,39 @@ impl State {
         self.pool.pinned()
     }
 
+    /// Switches per-stage spans on or off (allocates the recorders; see [`crate::instrument`]).
+    /// `timeline_capacity` events per thread are kept at [`Level::Timeline`].
+    pub fn set_instrument(&mut self, level: Level, timeline_capacity: usize) {
+        let layers = self.cfg.layers;
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            w.rec = ThreadRecorder::new(i, level, layers, timeline_capacity);
+            w.kernel.set_time_stages(w.rec.on());
+            w.kernel.take_split_ticks();
+        }
+        self.step = 0;
+    }
+
+    /// Forgets what was recorded so far (keeps the level and the buffers).
+    pub fn reset_instrument(&mut self) {
+        self.workers.iter_mut().for_each(|w| w.rec.clear());
+        self.step = 0;
+    }
+
+    /// The span recorder of each thread (thread 0 is the caller).
+    pub fn recorders(&self) -> impl Iterator<Item = &ThreadRecorder> {
+        self.workers.iter().map(|w| &w.rec)
+    }
+
+    /// Runs `f` on this state (e.g. choosing the next token from its logits) as a `sample`
+    /// span of the last forward call.
+    pub fn time_sample<R>(&mut self, f: impl FnOnce(&Self) -> R) -> R {
+        let t0 = self.workers[0].rec.start();
+        let r = f(self);
+        let ctx = SpanCtx::new(Phase::Decode, self.step.saturating_sub(1));
+        self.workers[0].rec.end(ctx, Stage::Sample, t0, 0);
+        r
+    }
+
     /// Logits of row `i` of the last `forward` call (if it computed them).
     pub fn logits(&self, i: usize) -> Option<&[f32]> {
         let v = self.cfg.vocab;
@@ -227,50 +271,57 @@ impl State {
         let cfg = &self.cfg;
         let (h, qd, kvd, ffn, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim());
         let w = &model.weights;
-        for (r, &t) in tokens.iter().enumerate() {
-            w.token_embd.dequantize_row(t as usize, &mut self.x[r * h..(r + 1) * h]);
-        }
+        let on = self.workers[0].rec.on();
+        let ctx = if on { SpanCtx::new(phase_of(seqs, positions), self.step) } else { SpanCtx::new(Phase::Decode, 0) };
+        self.step = self.step.wrapping_add(1);
+        let emb_bytes = (rows * (w.token_embd.stride() + 4)) as u64;
+        self.workers[0].rec.time(ctx, Stage::Embed, emb_bytes, || {
+            for (r, &t) in tokens.iter().enumerate() {
+                w.token_embd.dequantize_row(t as usize, &mut self.x[r * h..(r + 1) * h]);
+            }
+        });
         self.act_hidden.set_batch(rows)?;
         self.act_ffn.set_batch(rows)?;
+        let kv_token_bytes = self.kv.precision().bytes_per_vector(hd) as u64 * 2 * cfg.kv_heads as u64;
         for (l, lw) in w.layers.iter().enumerate() {
+            let (attn, ffn_ctx) = (ctx.at(l, Op::Attn), ctx.at(l, Op::Ffn));
             // Attention block.
-            rms_norm_rows(&self.x[..rows * h], &lw.attn_norm, cfg.norm_eps, &mut self.xb[..rows * h]);
-            quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])?;
-            linear(
-                &self.pool,
-                self.kernel,
-                &lw.wq,
-                &self.act_hidden,
-                &mut self.mm,
-                &mut self.q[..rows * qd],
-                &mut self.kernel_scratch,
-            )?;
-            linear(
-                &self.pool,
-                self.kernel,
-                &lw.wk,
-                &self.act_hidden,
-                &mut self.mm,
-                &mut self.k[..rows * kvd],
-                &mut self.kernel_scratch,
-            )?;
-            linear(
-                &self.pool,
-                self.kernel,
-                &lw.wv,
-                &self.act_hidden,
-                &mut self.mm,
-                &mut self.v[..rows * kvd],
-                &mut self.kernel_scratch,
-            )?;
-            for r in 0..rows {
-                rope(&mut self.q[r * qd..(r + 1) * qd], hd, positions[r], &self.inv_freq);
-                rope(&mut self.k[r * kvd..(r + 1) * kvd], hd, positions[r], &self.inv_freq);
-                for kh in 0..cfg.kv_heads {
-                    let s = r * kvd + kh * hd..r * kvd + (kh + 1) * hd;
-                    self.kv.write(l, seqs[r], kh, positions[r], &self.k[s.clone()], &self.v[s]);
-                }
+            let rec = &mut self.workers[0].rec;
+            rec.time(attn, Stage::Norm, 0, || {
+                rms_norm_rows(&self.x[..rows * h], &lw.attn_norm, cfg.norm_eps, &mut self.xb[..rows * h])
+            });
+            rec.time(attn, Stage::Quantize, 0, || quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h]))?;
+            for (op, wt, out) in [
+                (Op::Q, &lw.wq, &mut self.q[..rows * qd]),
+                (Op::K, &lw.wk, &mut self.k[..rows * kvd]),
+                (Op::V, &lw.wv, &mut self.v[..rows * kvd]),
+            ] {
+                linear(
+                    &self.pool,
+                    self.kernel,
+                    wt,
+                    &self.act_hidden,
+                    &mut self.mm,
+                    out,
+                    &mut self.workers,
+                    ctx.at(l, op),
+                )?;
             }
+            let rec = &mut self.workers[0].rec;
+            rec.time(attn, Stage::Rope, 0, || {
+                for r in 0..rows {
+                    rope(&mut self.q[r * qd..(r + 1) * qd], hd, positions[r], &self.inv_freq);
+                    rope(&mut self.k[r * kvd..(r + 1) * kvd], hd, positions[r], &self.inv_freq);
+                }
+            });
+            rec.time(attn, Stage::KvWrite, kv_token_bytes * rows as u64, || {
+                for r in 0..rows {
+                    for kh in 0..cfg.kv_heads {
+                        let s = r * kvd + kh * hd..r * kvd + (kh + 1) * hd;
+                        self.kv.write(l, seqs[r], kh, positions[r], &self.k[s.clone()], &self.v[s]);
+                    }
+                }
+            });
             attention(
                 &self.pool,
                 cfg,
@@ -280,12 +331,17 @@ impl State {
                 seqs,
                 positions,
                 &mut self.att[..rows * qd],
-                &mut self.attn_scratch,
+                &mut self.workers,
+                attn,
             );
+            let o_ctx = ctx.at(l, Op::O);
+            let rec = &mut self.workers[0].rec;
             if let Some(sub) = &lw.attn_sub_norm {
-                rms_norm_in_place(&mut self.att[..rows * qd], sub, cfg.norm_eps);
+                rec.time(o_ctx, Stage::Norm, 0, || rms_norm_in_place(&mut self.att[..rows * qd], sub, cfg.norm_eps));
             }
-            quantize(self.any_xnor, &mut self.act_hidden, &self.att[..rows * qd])?;
+            rec.time(o_ctx, Stage::Quantize, 0, || {
+                quantize(self.any_xnor, &mut self.act_hidden, &self.att[..rows * qd])
+            })?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -293,36 +349,46 @@ impl State {
                 &self.act_hidden,
                 &mut self.mm,
                 &mut self.proj[..rows * h],
-                &mut self.kernel_scratch,
+                &mut self.workers,
+                o_ctx,
             )?;
-            add_in_place(&mut self.x[..rows * h], &self.proj[..rows * h]);
+            let rec = &mut self.workers[0].rec;
+            rec.time(attn, Stage::Residual, 0, || add_in_place(&mut self.x[..rows * h], &self.proj[..rows * h]));
 
             // Feed-forward block.
-            rms_norm_rows(&self.x[..rows * h], &lw.ffn_norm, cfg.norm_eps, &mut self.xb[..rows * h]);
-            quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])?;
-            linear(
-                &self.pool,
-                self.kernel,
-                &lw.w_gate,
-                &self.act_hidden,
-                &mut self.mm,
-                &mut self.gate[..rows * ffn],
-                &mut self.kernel_scratch,
-            )?;
-            linear(
-                &self.pool,
-                self.kernel,
-                &lw.w_up,
-                &self.act_hidden,
-                &mut self.mm,
-                &mut self.up[..rows * ffn],
-                &mut self.kernel_scratch,
-            )?;
-            gated_activation(cfg.activation, &mut self.gate[..rows * ffn], &self.up[..rows * ffn]);
-            if let Some(sub) = &lw.ffn_sub_norm {
-                rms_norm_in_place(&mut self.gate[..rows * ffn], sub, cfg.norm_eps);
+            rec.time(ffn_ctx, Stage::Norm, 0, || {
+                rms_norm_rows(&self.x[..rows * h], &lw.ffn_norm, cfg.norm_eps, &mut self.xb[..rows * h])
+            });
+            rec.time(ffn_ctx, Stage::Quantize, 0, || {
+                quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])
+            })?;
+            for (op, wt, out) in
+                [(Op::Gate, &lw.w_gate, &mut self.gate[..rows * ffn]), (Op::Up, &lw.w_up, &mut self.up[..rows * ffn])]
+            {
+                linear(
+                    &self.pool,
+                    self.kernel,
+                    wt,
+                    &self.act_hidden,
+                    &mut self.mm,
+                    out,
+                    &mut self.workers,
+                    ctx.at(l, op),
+                )?;
             }
-            quantize(self.any_xnor, &mut self.act_ffn, &self.gate[..rows * ffn])?;
+            let down_ctx = ctx.at(l, Op::Down);
+            let rec = &mut self.workers[0].rec;
+            rec.time(ffn_ctx, Stage::FfnAct, 0, || {
+                gated_activation(cfg.activation, &mut self.gate[..rows * ffn], &self.up[..rows * ffn])
+            });
+            if let Some(sub) = &lw.ffn_sub_norm {
+                rec.time(down_ctx, Stage::Norm, 0, || {
+                    rms_norm_in_place(&mut self.gate[..rows * ffn], sub, cfg.norm_eps)
+                });
+            }
+            rec.time(down_ctx, Stage::Quantize, 0, || {
+                quantize(self.any_xnor, &mut self.act_ffn, &self.gate[..rows * ffn])
+            })?;
             linear(
                 &self.pool,
                 self.kernel,
@@ -330,9 +396,12 @@ impl State {
                 &self.act_ffn,
                 &mut self.mm,
                 &mut self.proj[..rows * h],
-                &mut self.kernel_scratch,
+                &mut self.workers,
+                down_ctx,
             )?;
-            add_in_place(&mut self.x[..rows * h], &self.proj[..rows * h]);
+            self.workers[0]
+                .rec
+                .time(ffn_ctx, Stage::Residual, 0, || add_in_place(&mut self.x[..rows * h], &self.proj[..rows * h]));
         }
         // Final norm and LM head for the requested rows.
         self.logit_rows = match logits_for {
@@ -341,22 +410,38 @@ impl State {
             LogitsFor::None => 0..0,
         };
         if !self.logit_rows.is_empty() {
+            let out_ctx = ctx.with_op(Op::Output);
             let lr = self.logit_rows.clone();
             let n = lr.len();
-            rms_norm_rows(&self.x[lr.start * h..lr.end * h], &w.output_norm, cfg.norm_eps, &mut self.xb[..n * h]);
+            let rec = &mut self.workers[0].rec;
+            rec.time(out_ctx, Stage::Norm, 0, || {
+                rms_norm_rows(&self.x[lr.start * h..lr.end * h], &w.output_norm, cfg.norm_eps, &mut self.xb[..n * h])
+            });
             self.act_hidden.set_batch(n)?;
-            self.act_hidden.quantize(&self.xb[..n * h])?;
+            rec.time(out_ctx, Stage::Quantize, 0, || self.act_hidden.quantize(&self.xb[..n * h]))?;
             let head = w.lm_head();
             let vocab = cfg.vocab;
             let isa = kernel_for(self.kernel, &w.layers[0].wq).isa();
             let act = &self.act_hidden;
+            let head_bytes = head.byte_len() as u64;
             // `mm` holds [vocab, n]; the LM head's rows are split across threads.
-            self.pool.split(&mut self.mm[..vocab * n], n, 16, &mut self.kernel_scratch, |first, chunk, _| {
+            let t_split = rec.start();
+            rec.chunk_end = t_split;
+            self.pool.split(&mut self.mm[..vocab * n], n, 16, &mut self.workers, |first, chunk, wk| {
                 let r = first..first + chunk.len() / n;
+                let bytes = head_bytes * r.len() as u64 / vocab as u64;
+                let t0 = wk.rec.start();
                 int8_rows_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
+                wk.rec.chunk_end = wk.rec.end(out_ctx, Stage::LmHead, t0, bytes);
             });
+            let rec = &mut self.workers[0].rec;
+            if on {
+                rec.record(out_ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+            }
             let base = lr.start * vocab;
-            transpose_into(&self.mm[..vocab * n], vocab, n, &mut self.logits[base..base + n * vocab]);
+            rec.time(out_ctx, Stage::Transpose, 0, || {
+                transpose_into(&self.mm[..vocab * n], vocab, n, &mut self.logits[base..base + n * vocab])
+            });
             self.logit_rows = lr;
         }
         Ok(())
@@ -413,6 +498,7 @@ fn kernel_for(forced: Option<Kernel>, w: &PackedWeights) -> Kernel {
     forced.unwrap_or_else(|| Kernel::best_for(w.format()))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn linear(
     pool: &WorkerPool,
     forced: Option<Kernel>,
@@ -420,17 +506,65 @@ fn linear(
     act: &ActivationBatch,
     mm: &mut [f32],
     out: &mut [f32],
-    scratch: &mut [KernelScratch],
+    workers: &mut [Worker],
+    ctx: SpanCtx,
 ) -> Result<()> {
     let (n, rows) = (w.rows(), act.batch());
     let kernel = kernel_for(forced, w);
     kernel.check(w, act, &(0..n), &mm[..n * rows])?;
-    pool.split(&mut mm[..n * rows], rows, 16, scratch, |first, chunk, s| {
+    let on = workers[0].rec.on();
+    let t_split = workers[0].rec.start();
+    workers[0].rec.chunk_end = t_split;
+    let w_bytes = w.byte_len() as u64;
+    pool.split(&mut mm[..n * rows], rows, 16, workers, |first, chunk, wk| {
         let r = first..first + chunk.len() / rows;
-        kernel.matmul(w, act, r, chunk, s).expect("arguments checked before the split");
+        let bytes = w_bytes * r.len() as u64 / n as u64;
+        let t0 = wk.rec.start();
+        kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
+        if wk.rec.on() {
+            wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t0, bytes);
+        }
     });
-    transpose_into(&mm[..n * rows], n, rows, out);
+    let rec = &mut workers[0].rec;
+    if on {
+        rec.record(ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+    }
+    rec.time(ctx, Stage::Transpose, 0, || transpose_into(&mm[..n * rows], n, rows, out));
     Ok(())
+}
+
+/// Records one thread's run of a matmul that started at `t0`: one span for a fused kernel; for
+/// a split one, the run's time divided between its two stages in the ratio of the timed tiles
+/// (see [`crate::instrument`]). Returns the end tick.
+fn record_matmul(
+    rec: &mut ThreadRecorder,
+    scratch: &mut KernelScratch,
+    kernel: Kernel,
+    ctx: SpanCtx,
+    t0: u64,
+    bytes: u64,
+) -> u64 {
+    let t1 = clock::now();
+    let xnor = kernel.family() == KernelFamily::Xnor;
+    if kernel.form() == KernelForm::Split && kernel.family() != KernelFamily::Scalar {
+        let ticks = scratch.take_split_ticks();
+        let (a, _) = ticks.divide(t1 - t0);
+        let (first, second) = if xnor { (Stage::Xnor, Stage::Popcount) } else { (Stage::Unpack, Stage::Dot) };
+        rec.record(ctx, first, t0, t0 + a, bytes, ticks.tiles);
+        rec.record(ctx, second, t0 + a, t1, 0, ticks.tiles);
+    } else {
+        rec.record(ctx, if xnor { Stage::XnorPopcount } else { Stage::UnpackDot }, t0, t1, bytes, 1);
+    }
+    t1
+}
+
+/// The phase of a forward call: a prompt (rows that share a sequence, or start one) or decode.
+fn phase_of(seqs: &[usize], positions: &[usize]) -> Phase {
+    if positions.contains(&0) || seqs.windows(2).any(|p| p[0] == p[1]) {
+        Phase::Prefill
+    } else {
+        Phase::Decode
+    }
 }
 
 /// `dst[c][r] = src[r][c]` for a `[r_n, c_n]` source.
@@ -519,18 +653,24 @@ fn attention(
     seqs: &[usize],
     positions: &[usize],
     out: &mut [f32],
-    scratch: &mut [AttnScratch],
+    workers: &mut [Worker],
+    ctx: SpanCtx,
 ) {
     let (hd, heads) = (cfg.head_dim(), cfg.heads);
     let group = heads / cfg.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    pool.split(out, hd, 1, scratch, |first, chunk, s| {
+    let on = workers[0].rec.on();
+    let t_split = workers[0].rec.start();
+    workers[0].rec.chunk_end = t_split;
+    let vec_bytes = kv.precision().bytes_per_vector(hd) as u64;
+    pool.split(out, hd, 1, workers, |first, chunk, s| {
         for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
             let item = first + j;
             let (row, head) = (item / heads, item % heads);
             let (seq, pos, kh) = (seqs[row], positions[row], head / group);
             let qh = &q[row * heads * hd + head * hd..][..hd];
             let scores = &mut s.scores[..=pos];
+            let t0 = s.rec.start();
             match kv.key_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(k) => attention_scores(qh, k, scale, scores),
                 KvRows::F16(k) => attention_scores(qh, k, scale, scores),
@@ -540,6 +680,8 @@ fn attention(
                     }
                 }
             }
+            let kv_bytes = vec_bytes * (pos + 1) as u64;
+            let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for sc in scores.iter_mut() {
@@ -550,6 +692,7 @@ fn attention(
             for sc in scores.iter_mut() {
                 *sc /= sum;
             }
+            let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
             o.fill(0.0);
             match kv.value_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(v) => attention_weighted_sum(scores, v, o),
@@ -562,8 +705,13 @@ fn attention(
                     }
                 }
             }
+            s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
         }
     });
+    let rec = &mut workers[0].rec;
+    if on {
+        rec.record(ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+    }
 }
 
 /// Dot product in a fixed order: 16 lane sums, then a fixed reduction tree. The compiler can

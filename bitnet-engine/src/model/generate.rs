@@ -82,11 +82,10 @@ pub fn greedy(
         }
         let pos = prompt.len() + step;
         state.forward(model, &[next], &[0], &[pos], LogitsFor::All)?;
-        let l = state.logits(0).expect("decode row has logits");
         if keep_logits {
-            logits.push(l.to_vec());
+            logits.push(state.logits(0).expect("decode row has logits").to_vec());
         }
-        next = argmax(l);
+        next = state.time_sample(|s| argmax(s.logits(0).expect("decode row has logits")));
     }
     Ok(Generation { tokens, logits })
 }
@@ -116,9 +115,11 @@ pub fn greedy_batch(model: &Model, state: &mut State, prompts: &[Vec<u32>], n_pr
         }
         positions.iter_mut().for_each(|p| *p = len + step);
         state.forward(model, &next, &seqs, &positions, LogitsFor::All)?;
-        for s in 0..b {
-            next[s] = argmax(state.logits(s).expect("every row has logits"));
-        }
+        state.time_sample(|st| {
+            for s in 0..b {
+                next[s] = argmax(st.logits(s).expect("every row has logits"));
+            }
+        });
     }
     Ok(out)
 }

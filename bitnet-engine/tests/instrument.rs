@@ -1,0 +1,154 @@
+//! Per-stage spans of the forward pass: which spans a run emits (counted exactly on the tiny
+//! preset), that recording does not change results, and the timeline's invariants.
+
+use std::collections::BTreeMap;
+
+use bitnet_engine::instrument::{Level, Op, Phase, Stage, ENABLED};
+use bitnet_engine::model::generate::greedy;
+use bitnet_engine::{
+    IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, Model, State, StateOptions, WeightFormat,
+};
+
+const PROMPT: [u32; 8] = [1, 5, 9, 200, 17, 3, 3, 42];
+const DECODE: usize = 4;
+
+fn run(level: Level, form: KernelForm, threads: usize) -> (Vec<u32>, State, Model) {
+    let model = Model::synthetic("tiny", WeightFormat::I2, 11, 2).unwrap();
+    let mut opts = StateOptions::new(1, 64, KvPrecision::F16, threads);
+    opts.kernel = Some(Kernel::new(KernelFamily::I2s, IsaLevel::best(), form).unwrap());
+    let mut st = State::new(&model, &opts).unwrap();
+    st.set_instrument(level, 10_000);
+    // n_predict = DECODE + 1: the prefill gives the first token, then DECODE forward calls.
+    let g = greedy(&model, &mut st, &PROMPT, DECODE + 1, false).unwrap();
+    (g.tokens, st, model)
+}
+
+/// Calls per (phase, layer, op, stage), summed over threads.
+fn calls(st: &State) -> BTreeMap<(Phase, Option<usize>, Op, Stage), u64> {
+    let mut m = BTreeMap::new();
+    for rec in st.recorders() {
+        for (k, t) in rec.totals() {
+            *m.entry((k.phase, k.layer, k.op, k.stage)).or_insert(0) += t.calls;
+        }
+    }
+    m
+}
+
+#[test]
+fn recording_does_not_change_results() {
+    let (off, ..) = run(Level::Off, KernelForm::Fused, 2);
+    for level in [Level::Aggregate, Level::Timeline] {
+        for form in [KernelForm::Fused, KernelForm::Split] {
+            assert_eq!(run(level, form, 2).0, off, "{level:?} {form:?}");
+        }
+    }
+}
+
+#[test]
+fn a_run_emits_exactly_the_expected_spans() {
+    if !ENABLED {
+        return;
+    }
+    let (_, st, model) = run(Level::Aggregate, KernelForm::Fused, 1);
+    let c = calls(&st);
+    let d = DECODE as u64;
+    let get = |p, l, o, s| c.get(&(p, l, o, s)).copied().unwrap_or(0);
+    // One forward call for the prompt, DECODE for decode; one sample per decode step.
+    assert_eq!(get(Phase::Prefill, None, Op::None, Stage::Embed), 1);
+    assert_eq!(get(Phase::Decode, None, Op::None, Stage::Embed), d);
+    assert_eq!(get(Phase::Decode, None, Op::None, Stage::Sample), d);
+    let heads = model.config.heads as u64;
+    for l in 0..model.config.layers {
+        let l = Some(l);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Norm), d);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Rope), d);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::KvWrite), d);
+        // Attention: one qk/softmax/av per head per decode row; per prompt row in prefill.
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Qk), d * heads);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Av), d * heads);
+        assert_eq!(get(Phase::Prefill, l, Op::Attn, Stage::Softmax), PROMPT.len() as u64 * heads);
+        for op in [Op::Q, Op::K, Op::V, Op::O, Op::Gate, Op::Up, Op::Down] {
+            assert_eq!(get(Phase::Decode, l, op, Stage::UnpackDot), d, "{op}");
+            assert_eq!(get(Phase::Decode, l, op, Stage::Transpose), d, "{op}");
+            assert_eq!(get(Phase::Decode, l, op, Stage::Unpack), 0, "fused kernels have no separate unpack");
+        }
+        assert_eq!(get(Phase::Decode, l, Op::Ffn, Stage::FfnAct), d);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Residual), d);
+        assert_eq!(get(Phase::Decode, l, Op::Ffn, Stage::Residual), d);
+    }
+    assert_eq!(get(Phase::Decode, None, Op::Output, Stage::LmHead), d);
+    assert_eq!(get(Phase::Prefill, None, Op::Output, Stage::LmHead), 1, "only the last prompt row gets logits");
+}
+
+#[test]
+fn split_kernels_report_unpack_and_dot_with_bytes() {
+    if !ENABLED {
+        return;
+    }
+    let (_, st, model) = run(Level::Aggregate, KernelForm::Split, 2);
+    let mut unpack = (0u64, 0u64);
+    let mut dot = 0u64;
+    for rec in st.recorders() {
+        for (k, t) in rec.totals() {
+            if k.phase == Phase::Decode && k.stage == Stage::Unpack {
+                unpack.0 += t.ticks;
+                unpack.1 += t.bytes;
+            }
+            if k.phase == Phase::Decode && k.stage == Stage::Dot {
+                dot += t.ticks;
+            }
+            assert_ne!(k.stage, Stage::UnpackDot, "the split form has no fused stage");
+        }
+    }
+    assert!(unpack.0 > 0 && dot > 0, "both stages took time: unpack {} dot {dot}", unpack.0);
+    // Every decode step reads every linear weight byte once (split over the threads).
+    let linear: u64 = model.weights.layers.iter().flat_map(|l| l.linears()).map(|w| w.byte_len() as u64).sum();
+    let per_step = unpack.1 / DECODE as u64;
+    assert!(per_step.abs_diff(linear) <= 7 * model.config.layers as u64 * 2, "{per_step} vs {linear} bytes");
+}
+
+#[test]
+fn timeline_events_are_ordered_per_thread_with_steps_and_phases() {
+    if !ENABLED {
+        return;
+    }
+    let (_, st, _) = run(Level::Timeline, KernelForm::Fused, 2);
+    let mut threads = 0;
+    for rec in st.recorders() {
+        let ev = rec.events();
+        assert_eq!(rec.overflow(), 0);
+        if ev.is_empty() {
+            continue;
+        }
+        threads += 1;
+        for e in ev {
+            assert!(e.start <= e.end, "{e:?}");
+            assert_eq!(e.ctx.phase, if e.ctx.step == 0 { Phase::Prefill } else { Phase::Decode }, "{e:?}");
+            assert!(e.ctx.step as usize <= DECODE);
+        }
+        // Spans on one thread do not overlap, except a split form's stages, which share
+        // their run: events end in order.
+        for w in ev.windows(2) {
+            assert!(w[0].end <= w[1].end, "{:?} then {:?}", w[0], w[1]);
+        }
+    }
+    assert_eq!(threads, 2, "both threads recorded work");
+}
+
+#[test]
+fn a_small_timeline_counts_its_overflow() {
+    if !ENABLED {
+        return;
+    }
+    let model = Model::synthetic("tiny", WeightFormat::I2, 11, 1).unwrap();
+    let mut st = State::new(&model, &StateOptions::new(1, 64, KvPrecision::F16, 1)).unwrap();
+    st.set_instrument(Level::Timeline, 10);
+    greedy(&model, &mut st, &PROMPT, 2, false).unwrap();
+    let rec = st.recorders().next().unwrap();
+    assert_eq!(rec.events().len(), 10);
+    let total: u64 = rec.totals().map(|(_, t)| t.calls).sum();
+    assert!(rec.overflow() > 0);
+    // Every span is in the totals, kept or not (split spans count tiles, not events, so this
+    // fused run has one event per call).
+    assert_eq!(rec.overflow() + 10, total);
+}
