@@ -6,40 +6,21 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::gguf::load::config_from_gguf;
-use bitnet_engine::gguf::{load_model, GgufFile};
-use bitnet_engine::model::{
-    bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, TensorInfo, Weights,
-};
-use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions, WeightFormat};
+use bitnet_engine::gguf::GgufFile;
+use bitnet_engine::model::{bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, TensorInfo};
+use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use serde_json::json;
 
-/// Where a model comes from: a preset (synthetic weights) or a GGUF file.
-pub enum ModelSource {
-    Preset(ModelConfig),
-    Gguf(PathBuf),
-}
+pub use bitnet_engine::model::ModelSource;
 
-/// Resolves `--model`: an existing file (or a `.gguf` path) is a GGUF file, anything else a preset.
+/// The `--model` argument: a preset or a GGUF file.
 pub fn resolve(model: &str) -> Result<ModelSource> {
-    if model.ends_with(".gguf") || Path::new(model).is_file() {
-        if !Path::new(model).is_file() {
-            bail!("--model {model}: no such file");
-        }
-        return Ok(ModelSource::Gguf(PathBuf::from(model)));
-    }
-    ModelConfig::preset(model).map(ModelSource::Preset).with_context(|| format!("--model {model}"))
+    ModelSource::parse(model).with_context(|| format!("--model {model}"))
 }
 
 /// The model, and a description of where it came from.
 pub fn load(model: &str, format: WeightFormat, seed: u64, threads: usize) -> Result<(Model, String)> {
-    Ok(match resolve(model)? {
-        ModelSource::Preset(cfg) => {
-            tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
-            let weights = Weights::synthetic(&cfg, format, seed, threads)?;
-            (Model { config: cfg, weights }, format!("preset (synthetic {format} weights, seed {seed})"))
-        }
-        ModelSource::Gguf(path) => (load_model(&path)?, format!("GGUF file {}", path.display())),
-    })
+    resolve(model)?.load(format, seed, threads).with_context(|| format!("--model {model} (--format {format})"))
 }
 
 /// What `inspect` reports, as JSON.

@@ -246,14 +246,25 @@ pub struct ThreadRecorder {
     totals: Vec<Totals>,
     events: Vec<Event>,
     overflow: u64,
-    /// End tick of this thread's last parallel chunk (the caller's `wait` starts there).
+    /// Start and end ticks of this thread's chunk of the current parallel stage (the
+    /// caller's `wait` spans are the time around its own chunk).
+    pub(crate) chunk_start: u64,
     pub(crate) chunk_end: u64,
 }
 
 impl ThreadRecorder {
     /// A switched-off recorder (allocates nothing).
     pub fn off(thread: usize) -> Self {
-        Self { level: Level::Off, thread, layers: 0, totals: Vec::new(), events: Vec::new(), overflow: 0, chunk_end: 0 }
+        Self {
+            level: Level::Off,
+            thread,
+            layers: 0,
+            totals: Vec::new(),
+            events: Vec::new(),
+            overflow: 0,
+            chunk_start: 0,
+            chunk_end: 0,
+        }
     }
 
     /// A recorder for a model of `layers` layers, keeping up to `timeline_capacity` events
@@ -265,7 +276,16 @@ impl ThreadRecorder {
         clock::init();
         let cells = Phase::COUNT * (layers + 1) * Op::COUNT * Stage::COUNT;
         let events = if level == Level::Timeline { Vec::with_capacity(timeline_capacity) } else { Vec::new() };
-        Self { level, thread, layers, totals: vec![Totals::default(); cells], events, overflow: 0, chunk_end: 0 }
+        Self {
+            level,
+            thread,
+            layers,
+            totals: vec![Totals::default(); cells],
+            events,
+            overflow: 0,
+            chunk_start: 0,
+            chunk_end: 0,
+        }
     }
 
     /// Whether spans are recorded (one branch; constant `false` without the feature).
@@ -331,6 +351,26 @@ impl ThreadRecorder {
                 self.overflow += 1;
             }
         }
+    }
+
+    /// The caller starts a parallel stage at `t` (before dispatching it to the pool).
+    #[inline(always)]
+    pub(crate) fn begin_split(&mut self, t: u64) {
+        self.chunk_start = t;
+        self.chunk_end = t;
+    }
+
+    /// The caller's pool barrier is over: its time outside its own chunk since `t_split`
+    /// (dispatching the job before it, waiting for the others after it) is `wait`.
+    #[inline]
+    pub(crate) fn end_split(&mut self, ctx: SpanCtx, t_split: u64) {
+        if !self.on() {
+            return;
+        }
+        if self.chunk_start > t_split {
+            self.record(ctx, Stage::Wait, t_split, self.chunk_start, 0, 1);
+        }
+        self.record(ctx, Stage::Wait, self.chunk_end, clock::now(), 0, 1);
     }
 
     #[inline(always)]

@@ -114,6 +114,8 @@ pub struct State {
     workers: Vec<Worker>,
     /// Forward calls since the recorders were last reset (the `step` of spans).
     step: u32,
+    /// Phase of the last forward call (the `sample` span's).
+    last_phase: Phase,
     /// `[head_dim / 2]` RoPE inverse frequencies.
     inv_freq: Vec<f32>,
     /// Rows of the last call that got logits, in `logits`.
@@ -186,6 +188,7 @@ impl State {
                 })
                 .collect(),
             step: 0,
+            last_phase: Phase::Prefill,
             inv_freq: (0..hd / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / hd as f32)).collect(),
             logit_rows: 0..0,
             any_xnor,
@@ -243,7 +246,7 @@ impl State {
     pub fn time_sample<R>(&mut self, f: impl FnOnce(&Self) -> R) -> R {
         let t0 = self.workers[0].rec.start();
         let r = f(self);
-        let ctx = SpanCtx::new(Phase::Decode, self.step.saturating_sub(1));
+        let ctx = SpanCtx::new(self.last_phase, self.step.saturating_sub(1));
         self.workers[0].rec.end(ctx, Stage::Sample, t0, 0);
         r
     }
@@ -274,6 +277,7 @@ impl State {
         let on = self.workers[0].rec.on();
         let ctx = if on { SpanCtx::new(phase_of(seqs, positions), self.step) } else { SpanCtx::new(Phase::Decode, 0) };
         self.step = self.step.wrapping_add(1);
+        self.last_phase = ctx.phase;
         let emb_bytes = (rows * (w.token_embd.stride() + 4)) as u64;
         self.workers[0].rec.time(ctx, Stage::Embed, emb_bytes, || {
             for (r, &t) in tokens.iter().enumerate() {
@@ -426,17 +430,18 @@ impl State {
             let head_bytes = head.byte_len() as u64;
             // `mm` holds [vocab, n]; the LM head's rows are split across threads.
             let t_split = rec.start();
-            rec.chunk_end = t_split;
+            rec.begin_split(t_split);
             self.pool.split(&mut self.mm[..vocab * n], n, 16, &mut self.workers, |first, chunk, wk| {
                 let r = first..first + chunk.len() / n;
                 let bytes = head_bytes * r.len() as u64 / vocab as u64;
                 let t0 = wk.rec.start();
+                wk.rec.chunk_start = t0;
                 int8_rows_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
                 wk.rec.chunk_end = wk.rec.end(out_ctx, Stage::LmHead, t0, bytes);
             });
             let rec = &mut self.workers[0].rec;
             if on {
-                rec.record(out_ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+                rec.end_split(out_ctx, t_split);
             }
             let base = lr.start * vocab;
             rec.time(out_ctx, Stage::Transpose, 0, || {
@@ -514,12 +519,13 @@ fn linear(
     kernel.check(w, act, &(0..n), &mm[..n * rows])?;
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
-    workers[0].rec.chunk_end = t_split;
+    workers[0].rec.begin_split(t_split);
     let w_bytes = w.byte_len() as u64;
     pool.split(&mut mm[..n * rows], rows, 16, workers, |first, chunk, wk| {
         let r = first..first + chunk.len() / rows;
         let bytes = w_bytes * r.len() as u64 / n as u64;
         let t0 = wk.rec.start();
+        wk.rec.chunk_start = t0;
         kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
         if wk.rec.on() {
             wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t0, bytes);
@@ -527,7 +533,7 @@ fn linear(
     });
     let rec = &mut workers[0].rec;
     if on {
-        rec.record(ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+        rec.end_split(ctx, t_split);
     }
     rec.time(ctx, Stage::Transpose, 0, || transpose_into(&mm[..n * rows], n, rows, out));
     Ok(())
@@ -661,7 +667,7 @@ fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
-    workers[0].rec.chunk_end = t_split;
+    workers[0].rec.begin_split(t_split);
     let vec_bytes = kv.precision().bytes_per_vector(hd) as u64;
     pool.split(out, hd, 1, workers, |first, chunk, s| {
         for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
@@ -671,6 +677,9 @@ fn attention(
             let qh = &q[row * heads * hd + head * hd..][..hd];
             let scores = &mut s.scores[..=pos];
             let t0 = s.rec.start();
+            if j == 0 {
+                s.rec.chunk_start = t0;
+            }
             match kv.key_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(k) => attention_scores(qh, k, scale, scores),
                 KvRows::F16(k) => attention_scores(qh, k, scale, scores),
@@ -710,7 +719,7 @@ fn attention(
     });
     let rec = &mut workers[0].rec;
     if on {
-        rec.record(ctx, Stage::Wait, rec.chunk_end, clock::now(), 0, 1);
+        rec.end_split(ctx, t_split);
     }
 }
 

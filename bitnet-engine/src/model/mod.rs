@@ -9,6 +9,7 @@ pub mod layout;
 pub mod pool;
 pub mod reference;
 pub mod sampling;
+pub mod source;
 pub mod weights;
 
 pub use config::{FfnActivation, ModelConfig, PRESETS};
@@ -18,4 +19,5 @@ pub use kv_cache::{KvCache, KvPrecision};
 pub use layout::{bytes_read_per_token, tensor_layout, TensorInfo};
 pub use pool::WorkerPool;
 pub use sampling::{Sampler, SamplingParams};
+pub use source::ModelSource;
 pub use weights::{LayerWeights, Weights};

@@ -1,0 +1,42 @@
+//! Where a model comes from: a preset name (synthetic weights) or a GGUF file — the `--model`
+//! argument every tool takes.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::formats::WeightFormat;
+use crate::gguf::load_model;
+use crate::model::{tensor_layout, Model, ModelConfig, Weights};
+
+/// A preset (synthetic weights) or a GGUF file.
+#[derive(Debug, Clone)]
+pub enum ModelSource {
+    Preset(ModelConfig),
+    Gguf(PathBuf),
+}
+
+impl ModelSource {
+    /// A path ending in `.gguf` or naming a file is a GGUF file; anything else must be a preset.
+    pub fn parse(spec: &str) -> Result<Self> {
+        if spec.ends_with(".gguf") || Path::new(spec).is_file() {
+            if !Path::new(spec).is_file() {
+                return Err(Error::Value(format!("{spec}: no such file")));
+            }
+            return Ok(ModelSource::Gguf(PathBuf::from(spec)));
+        }
+        ModelConfig::preset(spec).map(ModelSource::Preset)
+    }
+
+    /// Loads the model (synthetic weights in `format` for a preset, generated on `threads`
+    /// threads from `seed`), and says where it came from.
+    pub fn load(&self, format: WeightFormat, seed: u64, threads: usize) -> Result<(Model, String)> {
+        Ok(match self {
+            ModelSource::Preset(cfg) => {
+                tensor_layout(cfg, format)?;
+                let weights = Weights::synthetic(cfg, format, seed, threads)?;
+                (Model { config: cfg.clone(), weights }, format!("preset (synthetic {format} weights, seed {seed})"))
+            }
+            ModelSource::Gguf(path) => (load_model(path)?, format!("GGUF file {}", path.display())),
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! `bitnet-trace`: per-stage flamegraphs, timelines, counters and profiles of a BitNet run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use bitnet_engine::instrument::Level;
+use bitnet_engine::{IsaLevel, KernelFamily, KernelForm, KvPrecision, WeightFormat};
+use bitnet_trace::run::summary_table;
+use bitnet_trace::{run_trace, TraceOptions};
+use clap::{Parser, Subcommand, ValueEnum};
+
+// dhat's allocator only counts while a `--dhat` profiler runs; otherwise it forwards to the
+// system allocator.
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+#[derive(Parser)]
+#[command(
+    name = "bitnet-trace",
+    version,
+    about = "Where the time of a BitNet token goes: per-stage spans (flamegraph, timeline, summary), counters and profiles",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Differential flamegraph of two stages.folded files: which stages grew or shrank.
+    Diff {
+        before: PathBuf,
+        after: PathBuf,
+        /// The SVG to write.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LevelArg {
+    Off,
+    Aggregate,
+    Timeline,
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    /// A preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t, llama3-8b-1.58, tiny)
+    /// or a GGUF file.
+    #[arg(long, default_value = "bitnet-b1.58-2b-4t")]
+    model: String,
+    /// Weight format of a preset's synthetic weights (default: the kernel's own format).
+    #[arg(long)]
+    format: Option<WeightFormat>,
+    /// Sequences decoded in lock-step.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Prompt tokens prefilled per sequence before decoding.
+    #[arg(long, default_value_t = 128)]
+    context_length: usize,
+    /// KV cache precision: f32, f16, bf16, fp8, int8, int4, int2.
+    #[arg(long, default_value = "f16")]
+    kv: KvPrecision,
+    /// Threads in all (the caller is one).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Kernel family: scalar, i2s, tq2, tq1, xnor.
+    #[arg(long, default_value = "i2s")]
+    kernel: KernelFamily,
+    /// ISA level: scalar, avx2, avx512 (default: the best this CPU has).
+    #[arg(long)]
+    isa: Option<IsaLevel>,
+    /// Kernel form: split (default; unpack and dot timed apart) or fused (the fast form, one
+    /// `unpack_dot` stage).
+    #[arg(long)]
+    form: Option<KernelForm>,
+    /// Decode steps after the prefill.
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Output directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Span level: timeline (also trace.json), aggregate, or off (to measure overhead).
+    #[arg(long, value_enum, default_value = "timeline")]
+    level: LevelArg,
+    /// Events kept per thread on the timeline (more are counted, not kept).
+    #[arg(long, default_value_t = 2_000_000)]
+    timeline_capacity: usize,
+    /// Also take a sampling profile (profile.pb, pprof-flamegraph.svg).
+    #[arg(long)]
+    pprof: bool,
+    /// Also take a heap profile (dhat-heap.json; allocations per decode step in the summary).
+    #[arg(long)]
+    dhat: bool,
+    /// Do not open performance counters.
+    #[arg(long)]
+    no_counters: bool,
+    /// Pin threads to cores.
+    #[arg(long)]
+    pin: bool,
+    /// Seed of synthetic weights and prompts.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print only the file list, not the table.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bitnet-trace: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    if let Some(Command::Diff { before, after, output }) = cli.command {
+        let mut svg = Vec::new();
+        bitnet_trace::folded::differential(
+            &before.to_string_lossy(),
+            &after.to_string_lossy(),
+            "bitnet-trace diff",
+            &mut svg,
+        )?;
+        write_atomic(&output, &svg).with_context(|| format!("-o {}", output.display()))?;
+        eprintln!("bitnet-trace: wrote {}", output.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let a = cli.trace;
+    let out = a.out.clone().context("--out DIR is required (where the trace files go)")?;
+    let opts = TraceOptions {
+        model: a.model,
+        format: a.format,
+        batch: a.batch,
+        context_length: a.context_length,
+        kv: a.kv,
+        threads: a.threads,
+        kernel: a.kernel,
+        isa: a.isa,
+        form: a.form,
+        tokens: a.tokens,
+        level: match a.level {
+            LevelArg::Off => Level::Off,
+            LevelArg::Aggregate => Level::Aggregate,
+            LevelArg::Timeline => Level::Timeline,
+        },
+        timeline_capacity: a.timeline_capacity,
+        pprof: a.pprof,
+        dhat: a.dhat,
+        counters: !a.no_counters,
+        seed: a.seed,
+        pin: a.pin,
+    };
+    let outcome = run_trace(&opts, &out)?;
+    for n in &outcome.notes {
+        eprintln!("bitnet-trace: note: {n}");
+    }
+    if !a.quiet {
+        print!("{}", summary_table(&outcome.summary));
+    }
+    for f in &outcome.files {
+        eprintln!("bitnet-trace: wrote {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it into place.
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write in {}", dir.display()))?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! The run's summary: per-stage totals, per-thread busy time, counters, heap figures and the
+//! consistency checks, as JSON (`summary.json`) and as a table for the terminal.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use bitnet_engine::instrument::{Phase, Stage};
+use serde::{Deserialize, Serialize};
+
+use crate::counters::{CounterStatus, CounterValue};
+use crate::spans::Spans;
+
+/// Stage times on the caller thread must sum to within this fraction of the wall time.
+pub const WALL_TOLERANCE: f64 = 0.05;
+/// Span and sampled shares of a stage must agree within this many percentage points.
+pub const PPROF_TOLERANCE_PP: f64 = 5.0;
+/// Fewer samples than this cannot resolve a 5-point difference (binomial standard error at
+/// 400 samples is at most 2.5 points); the check then says it could not run.
+pub const PPROF_MIN_SAMPLES: u64 = 400;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub tool: String,
+    pub run: RunInfo,
+    pub wall: Wall,
+    /// Per stage, for each phase (`prefill`, `decode`).
+    pub stages: BTreeMap<String, Vec<StageRow>>,
+    pub threads: Vec<ThreadRow>,
+    pub consistency: Consistency,
+    pub counters: Option<CounterReport>,
+    pub timeline: Option<TimelineInfo>,
+    pub heap: Option<HeapInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub model: String,
+    pub source: String,
+    pub weight_format: String,
+    pub kernel: String,
+    pub isa: String,
+    pub form: String,
+    pub threads: usize,
+    pub batch: usize,
+    pub context_length: usize,
+    pub decode_steps: usize,
+    pub kv_precision: String,
+    pub level: String,
+    pub clock: String,
+    pub clock_ghz: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Wall {
+    /// Wall time of the engine calls of each phase (counter reads between calls excluded).
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub prefill_tokens_per_sec: f64,
+    pub decode_tokens_per_sec: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageRow {
+    pub stage: String,
+    /// `attention` for qk, softmax and av.
+    pub parent: Option<String>,
+    /// Summed over threads.
+    pub total_ms: f64,
+    /// Of the phase's thread-time (threads × wall).
+    pub share_pct: f64,
+    pub calls: u64,
+    pub ns_per_call: f64,
+    pub bytes: u64,
+    /// bytes / (stage time / threads): the rate the stage moved data at while it ran.
+    pub gbps: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadRow {
+    pub thread: usize,
+    /// Time in spans other than `wait`.
+    pub busy_ms: f64,
+    pub busy_pct: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Consistency {
+    /// Span time on the calling thread (which also records its waits at every barrier).
+    pub caller_span_ms: f64,
+    pub wall_ms: f64,
+    pub difference_pct: f64,
+    pub wall_ok: bool,
+    pub pprof: Option<PprofCheck>,
+    /// Plain statements of every failed check.
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PprofCheck {
+    pub samples: u64,
+    pub rows: Vec<PprofRow>,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PprofRow {
+    pub stage: String,
+    pub function: String,
+    /// Stage time / (threads × wall), in %.
+    pub span_pct: f64,
+    /// Samples with the function on the stack / all samples, in %.
+    pub sampled_pct: f64,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterReport {
+    pub counters: Vec<CounterStatus>,
+    /// The fallback line, when hardware counters are missing.
+    pub note: Option<String>,
+    /// Totals per phase, summed over threads.
+    pub prefill: BTreeMap<String, CounterValue>,
+    pub decode: BTreeMap<String, CounterValue>,
+    /// IPC, miss rates ... of the decode phase, where both inputs count.
+    pub decode_derived: BTreeMap<String, f64>,
+    pub per_decode_step: Vec<BTreeMap<String, CounterValue>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineInfo {
+    pub events: usize,
+    pub overflow: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeapInfo {
+    pub allocations_per_decode_step: f64,
+    pub bytes_per_decode_step: f64,
+    pub max_bytes: u64,
+}
+
+/// Per-stage rows of one phase, in pipeline order.
+pub fn stage_rows(spans: &Spans, phase: Phase, wall_ms: f64) -> Vec<StageRow> {
+    let thread_ms = wall_ms * spans.threads as f64;
+    let mut rows = Vec::new();
+    for &stage in Stage::ALL {
+        let sel: Vec<_> = spans.totals.iter().filter(|t| t.phase == phase && t.stage == stage).collect();
+        if sel.is_empty() {
+            continue;
+        }
+        let ns: f64 = sel.iter().map(|t| t.ns).sum();
+        let calls: u64 = sel.iter().map(|t| t.calls).sum();
+        let bytes: u64 = sel.iter().map(|t| t.bytes).sum();
+        let wall_ns = ns / spans.threads as f64;
+        rows.push(StageRow {
+            stage: stage.name().into(),
+            parent: stage.parent().map(Into::into),
+            total_ms: ns / 1e6,
+            share_pct: if thread_ms > 0.0 { ns / 1e6 / thread_ms * 100.0 } else { 0.0 },
+            calls,
+            ns_per_call: if calls > 0 { ns / calls as f64 } else { 0.0 },
+            bytes,
+            gbps: (bytes > 0 && wall_ns > 0.0).then(|| bytes as f64 / wall_ns),
+        });
+    }
+    rows
+}
+
+/// Busy time of each thread over the traced region.
+pub fn thread_rows(spans: &Spans, wall_ms: f64) -> Vec<ThreadRow> {
+    (0..spans.threads)
+        .map(|t| {
+            let ms = spans.sum(|s| s.thread == t && s.stage != Stage::Wait, |s| s.ns) / 1e6;
+            ThreadRow { thread: t, busy_ms: ms, busy_pct: if wall_ms > 0.0 { ms / wall_ms * 100.0 } else { 0.0 } }
+        })
+        .collect()
+}
+
+/// The wall-time check: every span of the caller thread, including its waits, against the
+/// wall time of the engine calls.
+pub fn wall_check(spans: &Spans, wall_ms: f64) -> (f64, f64, bool) {
+    let caller_ms = spans.sum(|s| s.thread == 0, |s| s.ns) / 1e6;
+    let diff = if wall_ms > 0.0 { (caller_ms - wall_ms) / wall_ms } else { f64::INFINITY };
+    (caller_ms, diff * 100.0, diff.abs() <= WALL_TOLERANCE)
+}
+
+fn fmt_bytes(b: u64) -> String {
+    if b == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}", b as f64 / 1048576.0)
+    }
+}
+
+/// The summary as a table for the terminal.
+pub fn table(s: &Summary) -> String {
+    let mut o = String::new();
+    let r = &s.run;
+    let _ = writeln!(
+        o,
+        "bitnet-trace: {} ({}), kernel {}/{}/{}, {} threads, batch {}, context {}, {} decode steps, KV {}, spans {}",
+        r.model,
+        r.weight_format,
+        r.kernel,
+        r.isa,
+        r.form,
+        r.threads,
+        r.batch,
+        r.context_length,
+        r.decode_steps,
+        r.kv_precision,
+        r.level
+    );
+    let w = &s.wall;
+    let _ = writeln!(
+        o,
+        "prefill {:.1} ms ({:.1} tok/s), decode {:.1} ms ({:.2} tok/s); clock {} at {:.3} GHz",
+        w.prefill_ms, w.prefill_tokens_per_sec, w.decode_ms, w.decode_tokens_per_sec, r.clock, r.clock_ghz
+    );
+    for (phase, rows) in s.stages.iter().rev() {
+        let _ = writeln!(
+            o,
+            "\n| {:<18} | {:>10} | {:>7} | {:>9} | {:>10} | {:>9} | {:>7} |",
+            format!("{phase} stage"),
+            "total ms",
+            "% time",
+            "calls",
+            "ns/call",
+            "MiB",
+            "GB/s"
+        );
+        let _ = writeln!(o, "|{:-<20}|{:->12}|{:->9}|{:->11}|{:->12}|{:->11}|{:->9}|", "", "", "", "", "", "", "");
+        for row in rows {
+            let name = match &row.parent {
+                Some(p) => format!("{p}.{}", row.stage),
+                None => row.stage.clone(),
+            };
+            let _ = writeln!(
+                o,
+                "| {:<18} | {:>10.2} | {:>6.1}% | {:>9} | {:>10.0} | {:>9} | {:>7} |",
+                name,
+                row.total_ms,
+                row.share_pct,
+                row.calls,
+                row.ns_per_call,
+                fmt_bytes(row.bytes),
+                row.gbps.map(|g| format!("{g:.1}")).unwrap_or_else(|| "-".into())
+            );
+        }
+    }
+    let busy: Vec<String> = s.threads.iter().map(|t| format!("thread {} {:.0}%", t.thread, t.busy_pct)).collect();
+    let _ = writeln!(o, "\nbusy (spans other than wait, of wall): {}", busy.join(", "));
+    let c = &s.consistency;
+    let _ = writeln!(
+        o,
+        "consistency: caller-thread spans {:.2} ms vs wall {:.2} ms ({:+.2}%, limit ±{:.0}%): {}",
+        c.caller_span_ms,
+        c.wall_ms,
+        c.difference_pct,
+        WALL_TOLERANCE * 100.0,
+        if c.wall_ok { "ok" } else { "FAILED" }
+    );
+    if let Some(p) = &c.pprof {
+        for row in &p.rows {
+            let _ = writeln!(
+                o,
+                "consistency: {} spans {:.1}% vs pprof {:.1}% of {} samples in {} (limit ±{:.0} pp): {}",
+                row.stage,
+                row.span_pct,
+                row.sampled_pct,
+                p.samples,
+                row.function,
+                PPROF_TOLERANCE_PP,
+                if row.ok { "ok" } else { "FAILED" }
+            );
+        }
+    }
+    for f in &c.failures {
+        let _ = writeln!(o, "CHECK FAILED: {f}");
+    }
+    if let Some(cr) = &s.counters {
+        if let Some(n) = &cr.note {
+            let _ = writeln!(o, "counters: {n}");
+        }
+        let steps = s.run.decode_steps.max(1) as f64;
+        let vals: Vec<String> = cr
+            .decode
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0}/step{}", v.value / steps, if v.scaled { " (scaled)" } else { "" }))
+            .collect();
+        let _ = writeln!(o, "counters (decode, all threads): {}", vals.join(", "));
+        if !cr.decode_derived.is_empty() {
+            let d: Vec<String> = cr.decode_derived.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+            let _ = writeln!(o, "derived (decode): {}", d.join(", "));
+        }
+    }
+    if let Some(t) = &s.timeline {
+        let _ = writeln!(o, "timeline: {} events kept, {} dropped (buffer full)", t.events, t.overflow);
+    }
+    if let Some(h) = &s.heap {
+        let _ = writeln!(
+            o,
+            "heap: {:.1} allocations and {:.0} bytes per decode step; peak {} bytes allocated during the traced run",
+            h.allocations_per_decode_step, h.bytes_per_decode_step, h.max_bytes
+        );
+    }
+    o
+}
