@@ -1,0 +1,122 @@
+//! The `bitnet-trace` binary: exit codes, error messages, no partial files, `--dhat`, `diff`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bitnet-trace"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("bitnet-trace-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = bin().args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
+    let out = tmp("bad");
+    let o = out.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--model", "tiny", "--kv", "int3", "--out", o], "int3"),
+        (&["--model", "tiny", "--kernel", "nope", "--out", o], "nope"),
+        (&["--model", "no-such-model", "--out", o], "--model no-such-model"),
+        (&["--model", "/nonexistent/m.gguf", "--out", o], "/nonexistent/m.gguf"),
+        (&["--model", "tiny", "--batch", "0", "--out", o], "--batch"),
+    ];
+    for (args, needle) in cases {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: error should name {needle}: {err}");
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+    let (code, _, err) = run(&["--model", "tiny"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--out"), "{err}");
+}
+
+#[test]
+fn an_unwritable_out_dir_is_a_clear_error() {
+    // A regular file where the directory's parent should be.
+    let f = tmp("file");
+    std::fs::write(&f, b"x").unwrap();
+    let out = f.join("sub");
+    let (code, _, err) =
+        run(&["--model", "tiny", "--context-length", "8", "--tokens", "2", "--out", out.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--out"), "{err}");
+    let _ = std::fs::remove_file(&f);
+}
+
+#[test]
+fn dhat_and_diff() {
+    let a = tmp("a");
+    let (code, table, err) = run(&[
+        "--model",
+        "tiny",
+        "--context-length",
+        "8",
+        "--tokens",
+        "3",
+        "--dhat",
+        "--no-counters",
+        "--out",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("| decode stage") && table.contains("consistency:"), "{table}");
+    assert!(table.contains("heap: 0.0 allocations"), "decode steps allocate nothing: {table}");
+    let heap: serde_json::Value = serde_json::from_slice(&std::fs::read(a.join("dhat-heap.json")).unwrap()).unwrap();
+    assert!(heap["dhatFileVersion"].is_number());
+
+    let b = tmp("b");
+    let (code, _, err) = run(&[
+        "--model",
+        "tiny",
+        "--context-length",
+        "8",
+        "--tokens",
+        "3",
+        "--form",
+        "fused",
+        "--level",
+        "aggregate",
+        "--out",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!b.join("trace.json").exists(), "aggregate level writes no timeline");
+    let svg = tmp("diff.svg");
+    let (code, _, err) = run(&[
+        "diff",
+        a.join("stages.folded").to_str().unwrap(),
+        b.join("stages.folded").to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // A file that is not folded stacks.
+    let (code, _, err) = run(&[
+        "diff",
+        a.join("summary.json").to_str().unwrap(),
+        b.join("stages.folded").to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("summary.json") && err.contains("folded"), "{err}");
+    for d in [a, b] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let _ = std::fs::remove_file(svg);
+}
