@@ -12,11 +12,13 @@
 //! - [`counters`]: perf counters with a clear fallback;
 //! - [`profile`]: the sampling profile and its function shares;
 //! - [`summary`]: the summary and its consistency checks;
+//! - [`overhead`]: what the spans themselves cost;
 //! - [`run`]: the whole traced run and its output directory.
 
 pub mod chrome;
 pub mod counters;
 pub mod folded;
+pub mod overhead;
 pub mod profile;
 pub mod run;
 pub mod spans;

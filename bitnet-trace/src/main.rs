@@ -39,6 +39,18 @@ enum Command {
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
     },
+    /// What the spans cost: decode tokens/s with spans off, aggregated and on a timeline, in
+    /// interleaved rounds in one process.
+    Overhead {
+        #[command(flatten)]
+        trace: TraceArgs,
+        /// Timed rounds (each runs every level once, in rotating order).
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Decode steps per level per round.
+        #[arg(long, default_value_t = 16)]
+        steps: usize,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -142,9 +154,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
         eprintln!("bitnet-trace: wrote {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(Command::Overhead { trace, rounds, steps }) = cli.command {
+        let what = format!(
+            "{}, {} kernel, {} threads, batch {}, context {}, KV {}; {rounds} rounds × {steps} decode steps per level",
+            trace.model, trace.kernel, trace.threads, trace.batch, trace.context_length, trace.kv
+        );
+        let opts = options(trace);
+        let what = format!("{what} ({})", bitnet_trace::run::kernel_form_name(&opts)?);
+        let results = bitnet_trace::overhead::measure(&opts, rounds, steps)?;
+        print!("{}", bitnet_trace::overhead::table(&results, &what));
+        return Ok(ExitCode::SUCCESS);
+    }
     let a = cli.trace;
     let out = a.out.clone().context("--out DIR is required (where the trace files go)")?;
-    let opts = TraceOptions {
+    let quiet = a.quiet;
+    let opts = options(a);
+    let outcome = run_trace(&opts, &out)?;
+    for n in &outcome.notes {
+        eprintln!("bitnet-trace: note: {n}");
+    }
+    if !quiet {
+        print!("{}", summary_table(&outcome.summary));
+    }
+    for f in &outcome.files {
+        eprintln!("bitnet-trace: wrote {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn options(a: TraceArgs) -> TraceOptions {
+    TraceOptions {
         model: a.model,
         format: a.format,
         batch: a.batch,
@@ -166,18 +205,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         counters: !a.no_counters,
         seed: a.seed,
         pin: a.pin,
-    };
-    let outcome = run_trace(&opts, &out)?;
-    for n in &outcome.notes {
-        eprintln!("bitnet-trace: note: {n}");
     }
-    if !a.quiet {
-        print!("{}", summary_table(&outcome.summary));
-    }
-    for f in &outcome.files {
-        eprintln!("bitnet-trace: wrote {}", f.display());
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Writes `bytes` to a temporary file beside `path`, then renames it into place.

@@ -151,19 +151,14 @@ fn check(opts: &TraceOptions, model: &Model) -> Result<()> {
 }
 
 /// The prompt of sequence `s`: deterministic token ids from the seed.
-fn prompt(seed: u64, s: usize, len: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn prompt(seed: u64, s: usize, len: usize, vocab: usize) -> Vec<u32> {
     let mut rng = bitnet_engine::rng::SplitMix64::new(seed ^ (s as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (0..len).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
-/// Runs the trace and writes every output into `out`.
-pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
-    let staging = Staging::new(out)?;
-    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
-    let format = opts.format.unwrap_or(opts.kernel.native_format());
-    let (model, source_desc) =
-        source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
-    check(opts, &model)?;
+/// The kernel of the options: the family at the chosen (or best) ISA level, in the chosen
+/// form (default split where the family has one).
+pub(crate) fn kernel_for(opts: &TraceOptions) -> Result<Kernel> {
     let isa = match opts.isa {
         Some(i) => i,
         None => opts.kernel.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar),
@@ -173,10 +168,32 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
     } else {
         KernelForm::Fused
     });
-    let kernel = Kernel::new(opts.kernel, isa, form).context("--kernel/--isa")?;
+    Kernel::new(opts.kernel, isa, form).context("--kernel/--isa/--form")
+}
+
+/// `kernel/isa/form` of the options, e.g. `i2s/avx512/split`.
+pub fn kernel_form_name(opts: &TraceOptions) -> Result<String> {
+    Ok(kernel_for(opts)?.name())
+}
+
+/// The state for the options (checked against the model).
+pub(crate) fn state_options(opts: &TraceOptions, kernel: Kernel, model: &Model) -> Result<StateOptions> {
+    check(opts, model)?;
     let mut so = StateOptions::new(opts.batch, opts.context_length + opts.tokens, opts.kv, opts.threads);
     so.kernel = Some(kernel);
     so.pin = opts.pin;
+    Ok(so)
+}
+
+/// Runs the trace and writes every output into `out`.
+pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
+    let staging = Staging::new(out)?;
+    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
+    let format = opts.format.unwrap_or(opts.kernel.native_format());
+    let (model, source_desc) =
+        source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
+    let kernel = kernel_for(opts)?;
+    let so = state_options(opts, kernel, &model)?;
     let mut state = State::new(&model, &so).context("--kernel")?;
     let (clock_source, ticks_per_sec) = clock::init();
     state.set_instrument(opts.level, opts.timeline_capacity);

@@ -1,0 +1,106 @@
+//! What the spans cost: decode tokens/s with spans off, aggregated and on a timeline, in one
+//! process on one state, in interleaved rounds (the level order rotates every round) so that
+//! machine drift cancels; reported as the median of per-round ratios to `off`.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use bitnet_engine::instrument::Level;
+use bitnet_engine::model::{argmax, prefill, ModelSource};
+use bitnet_engine::{LogitsFor, State};
+
+use crate::run::{kernel_for, prompt, state_options, TraceOptions};
+
+/// Decode tokens/s samples of one level, and its median ratio to `off`.
+#[derive(Debug, Clone)]
+pub struct LevelResult {
+    pub level: Level,
+    pub tokens_per_sec: Vec<f64>,
+    /// Median over rounds of (this level's tok/s / off's tok/s in the same round).
+    pub ratio_to_off: f64,
+}
+
+pub const LEVELS: [Level; 3] = [Level::Off, Level::Aggregate, Level::Timeline];
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Runs `rounds` rounds of `steps` decode steps at each level.
+pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<Vec<LevelResult>> {
+    anyhow::ensure!(rounds >= 1 && steps >= 1, "--rounds and --steps must be at least 1");
+    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
+    let (model, _) = source
+        .load(opts.format.unwrap_or(opts.kernel.native_format()), opts.seed, opts.threads)
+        .with_context(|| format!("--model {}", opts.model))?;
+    let kernel = kernel_for(opts)?;
+    let opts = &TraceOptions { tokens: steps, ..opts.clone() };
+    let mut state = State::new(&model, &state_options(opts, kernel, &model)?).context("--kernel")?;
+    let vocab = model.config.vocab;
+    let prompts: Vec<Vec<u32>> = (0..opts.batch).map(|s| prompt(opts.seed, s, opts.context_length, vocab)).collect();
+    let mut next = vec![0u32; opts.batch];
+    for (s, p) in prompts.iter().enumerate() {
+        let row = prefill(&model, &mut state, s, 0, p, None)?;
+        next[s] = argmax(state.logits(row).expect("last prompt row has logits"));
+    }
+    let seqs: Vec<usize> = (0..opts.batch).collect();
+    let mut positions = vec![0usize; opts.batch];
+    let mut samples = vec![Vec::new(); LEVELS.len()];
+    // One untimed round first, so every level starts warm.
+    for round in 0..=rounds {
+        for k in 0..LEVELS.len() {
+            let li = (k + round) % LEVELS.len();
+            state.set_instrument(LEVELS[li], opts.timeline_capacity);
+            let t = Instant::now();
+            for step in 0..steps {
+                positions.fill(opts.context_length + step);
+                state.forward(&model, &next, &seqs, &positions, LogitsFor::All)?;
+                state.time_sample(|st| {
+                    for (b, n) in next.iter_mut().enumerate() {
+                        *n = argmax(st.logits(b).expect("every decode row has logits"));
+                    }
+                });
+            }
+            if round > 0 {
+                samples[li].push((steps * opts.batch) as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let off = samples[0].clone();
+    Ok(LEVELS
+        .iter()
+        .zip(samples)
+        .map(|(&level, s)| {
+            let ratios: Vec<f64> = s.iter().zip(&off).map(|(a, b)| a / b).collect();
+            LevelResult { level, ratio_to_off: median(&ratios), tokens_per_sec: s }
+        })
+        .collect())
+}
+
+/// The results as a table.
+pub fn table(results: &[LevelResult], what: &str) -> String {
+    let mut o = format!("span overhead, {what}\n| level     | median tok/s | min    | max    | median ratio to off | overhead |\n|-----------|--------------|--------|--------|---------------------|----------|\n");
+    for r in results {
+        let min = r.tokens_per_sec.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = r.tokens_per_sec.iter().copied().fold(0.0, f64::max);
+        o.push_str(&format!(
+            "| {:<9} | {:>12.2} | {:>6.2} | {:>6.2} | {:>19.4} | {:>7.2}% |\n",
+            r.level.name(),
+            median(&r.tokens_per_sec),
+            min,
+            max,
+            r.ratio_to_off,
+            (1.0 - r.ratio_to_off) * 100.0
+        ));
+    }
+    o
+}
