@@ -1,7 +1,18 @@
 //! `bitnet-bench` as a library: the binary only parses flags and prints.
 //!
-//! Today it holds the kernel sweep (the engine-kernels issue's measurement job); the full model
-//! sweep with its versioned report comes with the bench issue.
+//! - [`sweep`]: the model sweep (the main job) behind a measurement seam;
+//! - [`stats`], [`report`]: statistics and the versioned JSON report with its schema;
+//! - [`output`]: table, Markdown, CSV; [`plots`]: SVG charts and an offline HTML page;
+//! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
+//! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`.
 
+pub mod import;
 pub mod kernel_sweep;
+pub mod listarg;
 pub mod model_cmds;
+pub mod output;
+pub mod plots;
+pub mod report;
+pub mod stats;
+pub mod sweep;
+pub mod system;

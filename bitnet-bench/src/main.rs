@@ -1,19 +1,99 @@
 //! `bitnet-bench`: benchmarks of the BitNet b1.58 engine on this machine.
 
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bitnet_bench::kernel_sweep::{self, SweepOptions};
-use bitnet_bench::model_cmds;
+use bitnet_bench::listarg::{parse_list, parse_usize_list};
+use bitnet_bench::sweep::{run_sweep, EngineRunner, Progress, SweepSpec};
+use bitnet_bench::{model_cmds, output, report};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, WeightFormat};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "bitnet-bench", version, about = "Benchmarks of the BitNet b1.58 engine on this machine")]
+#[command(
+    name = "bitnet-bench",
+    version,
+    about = "Benchmarks of the BitNet b1.58 engine on this machine. With no subcommand: the model sweep (the main job).",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    sweep: SweepArgs,
+}
+
+/// The model sweep's flags (llama-bench's names where they exist). Lists take spaces or
+/// commas and ranges: `1-16*2`, `128-512+128`.
+#[derive(clap::Args)]
+struct SweepArgs {
+    /// A preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t, llama3-8b-1.58, tiny)
+    /// or a GGUF file. Default: bitnet-b1.58-large.
+    #[arg(long)]
+    model: Option<String>,
+    /// Format of a preset's synthetic linear weights (default: the first kernel's).
+    #[arg(long)]
+    format: Option<WeightFormat>,
+    #[arg(long = "batch-sizes", num_args = 1.., value_name = "N", allow_negative_numbers = true)]
+    batch_sizes: Vec<String>,
+    /// Prompt tokens prefilled per sequence before decoding.
+    #[arg(long = "context-lengths", num_args = 1.., value_name = "N", allow_negative_numbers = true)]
+    context_lengths: Vec<String>,
+    /// KV cache precisions: f32, f16, bf16, fp8, int8, int4, int2.
+    #[arg(long = "kv-precisions", num_args = 1.., value_name = "P")]
+    kv_precisions: Vec<String>,
+    #[arg(long, num_args = 1.., value_name = "N", allow_negative_numbers = true)]
+    threads: Vec<String>,
+    /// Kernel families: i2s, tq2, tq1, xnor (each at its default form).
+    #[arg(long, num_args = 1.., value_name = "K")]
+    kernels: Vec<String>,
+    /// ISA level for every kernel (default: the best this CPU has).
+    #[arg(long)]
+    isa: Option<IsaLevel>,
+    #[arg(long = "max-new-tokens")]
+    max_new_tokens: Option<usize>,
+    /// Runs per combination discarded before measuring.
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Measured runs per combination.
+    #[arg(long)]
+    repeat: Option<usize>,
+    /// Write the JSON report here (atomically, after every combination).
+    #[arg(long = "json-report")]
+    json_report: Option<PathBuf>,
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Write SVG charts and index.html into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stage breakdown of each combination (one extra, unmeasured run with spans on).
+    #[arg(long)]
+    trace: bool,
+    /// Performance counters of that extra run.
+    #[arg(long)]
+    counters: bool,
+    /// Positions of the KV quality measurement (0: none).
+    #[arg(long = "quality-positions")]
+    quality_positions: Option<usize>,
+    /// A fast smoke sweep (1 batch size, 1 short context, 2 precisions, 4 tokens, small probe).
+    #[arg(long)]
+    quick: bool,
+    /// Print nothing but errors.
+    #[arg(long)]
+    quiet: bool,
+    /// Pin threads to cores.
+    #[arg(long)]
+    pin: bool,
 }
 
 #[derive(Subcommand)]
@@ -24,8 +104,22 @@ enum Command {
     /// ids (timings on stderr).
     Run(RunCmd),
     /// Kernel throughput on BitNet b1.58 2B4T shapes, in cache and streaming, against the
-    /// memory-bandwidth probe and the scalar oracle (the default job for now).
+    /// memory-bandwidth probe and the scalar oracle.
     Kernels(KernelArgs),
+    /// Check a report against the schema and its invariants.
+    Validate { file: PathBuf },
+    /// Print the report's JSON Schema; with --check FILE, fail if FILE differs from it.
+    Schema {
+        #[arg(long)]
+        check: Option<PathBuf>,
+    },
+    /// Convert llama.cpp's `llama-bench -o json` output into our report format.
+    ImportLlamaBench {
+        file: PathBuf,
+        /// Where to write the report (default: stdout).
+        #[arg(long = "json-report")]
+        json_report: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -137,6 +231,7 @@ fn main() -> ExitCode {
         }
     };
     match run(cli) {
+        Ok(()) if INTERRUPTED.load(Ordering::SeqCst) => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bitnet-bench: error: {e:#}");
@@ -158,7 +253,46 @@ fn run(cli: Cli) -> Result<()> {
         }
         Some(Command::Run(a)) => return run_model(a),
         Some(Command::Kernels(a)) => a,
-        None => KernelArgs { batch: vec![1, 8], streaming_mib: 512, probe_mib: 1024, ..Default::default() },
+        Some(Command::Validate { file }) => {
+            let r = report::load(&file)?;
+            println!(
+                "{}: valid (schema {}, {} results, {})",
+                file.display(),
+                r.schema_version,
+                r.results.len(),
+                if r.complete { "complete" } else { "incomplete" }
+            );
+            return Ok(());
+        }
+        Some(Command::Schema { check }) => {
+            let schema = report::schema_json();
+            match check {
+                None => print!("{schema}"),
+                Some(f) => {
+                    let committed =
+                        std::fs::read_to_string(&f).with_context(|| format!("{}: cannot read", f.display()))?;
+                    if committed != schema {
+                        anyhow::bail!(
+                            "{} is not the schema of this build's Report type: regenerate it with `bitnet-bench schema > {}`",
+                            f.display(),
+                            f.display()
+                        );
+                    }
+                    eprintln!("{}: current", f.display());
+                }
+            }
+            return Ok(());
+        }
+        Some(Command::ImportLlamaBench { file, json_report }) => {
+            let r = bitnet_bench::import::import_file(&file)?;
+            let text = serde_json::to_string_pretty(&r)? + "\n";
+            match json_report {
+                Some(p) => report::write_atomic(&p, text.as_bytes())?,
+                None => print!("{text}"),
+            }
+            return Ok(());
+        }
+        None => return model_sweep(cli.sweep),
     };
     let mut opts = SweepOptions { batches: args.batch.clone(), ..Default::default() };
     opts.kernels.retain(|k| {
@@ -277,4 +411,174 @@ fn run_model(a: RunCmd) -> Result<()> {
 
 fn names(k: &[Kernel]) -> String {
     k.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// Set by Ctrl-C: the sweep stops after the run in progress and writes what finished.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn model_sweep(a: SweepArgs) -> Result<()> {
+    let mut spec = SweepSpec::default();
+    if a.quick {
+        spec.batch_sizes = vec![1];
+        spec.context_lengths = vec![16];
+        spec.kv_precisions = vec![KvPrecision::F16, KvPrecision::Int8];
+        spec.max_new_tokens = 4;
+        spec.warmup = 1;
+        spec.repeat = 2;
+        spec.quality_positions = 16;
+        spec.probe_bytes = 64 << 20;
+    }
+    if let Some(m) = a.model {
+        spec.model = m;
+    }
+    spec.format = a.format;
+    if !a.batch_sizes.is_empty() {
+        spec.batch_sizes = parse_usize_list("--batch-sizes", &a.batch_sizes)?;
+    }
+    if !a.context_lengths.is_empty() {
+        spec.context_lengths = parse_usize_list("--context-lengths", &a.context_lengths)?;
+    }
+    if !a.kv_precisions.is_empty() {
+        spec.kv_precisions = parse_list("--kv-precisions", &a.kv_precisions)?;
+    }
+    if !a.threads.is_empty() {
+        spec.threads = parse_usize_list("--threads", &a.threads)?;
+    }
+    if !a.kernels.is_empty() {
+        spec.kernels = parse_list("--kernels", &a.kernels)?;
+        if spec.kernels.contains(&KernelFamily::Scalar) {
+            anyhow::bail!("--kernels scalar: the oracle is for tests, not a model sweep (use i2s, tq2, tq1 or xnor)");
+        }
+    }
+    spec.isa = a.isa;
+    if let Some(v) = a.max_new_tokens {
+        spec.max_new_tokens = v;
+    }
+    if let Some(v) = a.warmup {
+        spec.warmup = v;
+    }
+    if let Some(v) = a.repeat {
+        spec.repeat = v;
+    }
+    if let Some(v) = a.seed {
+        spec.seed = v;
+    }
+    if let Some(v) = a.quality_positions {
+        spec.quality_positions = v;
+    }
+    spec.trace = a.trace;
+    spec.counters = a.counters;
+    spec.pin = a.pin;
+    for p in [&a.json_report, &a.csv, &a.markdown].into_iter().flatten() {
+        model_cmds::check_writable(p)?;
+    }
+    if let Some(d) = &a.plots {
+        if d.exists() && !d.is_dir() {
+            anyhow::bail!("--plots {}: exists and is not a directory", d.display());
+        }
+    }
+
+    let quiet = a.quiet;
+    if !quiet {
+        eprintln!(
+            "bitnet-bench: {} — batch {:?} × context {:?} × KV {:?} × threads {:?} × kernels {:?}; {} warm-up + {} runs × {} new tokens",
+            spec.model,
+            spec.batch_sizes,
+            spec.context_lengths,
+            spec.kv_precisions.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            spec.threads,
+            spec.kernels.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            spec.warmup,
+            spec.repeat,
+            spec.max_new_tokens
+        );
+    }
+    let mut runner = EngineRunner::load(&spec)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        // A second Ctrl-C ends the process at once.
+        let _ = ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            INTERRUPTED.store(true, Ordering::SeqCst);
+            eprintln!(
+                "\nbitnet-bench: interrupted: finishing the run in progress, then writing the finished combinations"
+            );
+        });
+    }
+    let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} combinations, ETA {eta} — {msg}")
+                .expect("a valid template"),
+        );
+        b
+    });
+    let json_path = a.json_report.clone();
+    let report = run_sweep(&spec, &mut runner, &stop, |p| {
+        match p {
+            Progress::Start { index, total, combo } => {
+                let what = format!(
+                    "{} B={} ctx={} kv={} threads={}",
+                    combo.kernel.name(),
+                    combo.batch,
+                    combo.context_length,
+                    combo.kv,
+                    combo.threads
+                );
+                if let Some(b) = &bar {
+                    b.set_length(total as u64);
+                    b.set_position(index as u64);
+                    b.set_message(what);
+                } else if !quiet {
+                    eprintln!("[{}/{total}] {what}", index + 1);
+                }
+            }
+            Progress::Done { index, total, result, report } => {
+                if let Some(b) = &bar {
+                    b.set_position(index as u64 + 1);
+                } else if !quiet {
+                    eprintln!(
+                        "[{}/{total}] done: pp {:.1} tok/s, tg {:.2} tok/s, {:.0}% of roofline",
+                        index + 1,
+                        result.prefill.tokens_per_sec.median,
+                        result.decode.tokens_per_sec.median,
+                        result.decode.roofline_fraction * 100.0
+                    );
+                }
+                // After every combination, so an interruption or crash loses nothing finished.
+                if let Some(p) = &json_path {
+                    report::write_atomic(p, (serde_json::to_string_pretty(report)? + "\n").as_bytes())?;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(p) = &a.json_report {
+        report::write_atomic(p, (serde_json::to_string_pretty(&report)? + "\n").as_bytes())?;
+    }
+    if let Some(p) = &a.csv {
+        report::write_atomic(p, output::csv(&report).as_bytes())?;
+    }
+    if let Some(p) = &a.markdown {
+        report::write_atomic(p, output::markdown(&report).as_bytes())?;
+    }
+    if let Some(d) = &a.plots {
+        bitnet_bench::plots::write_all(&report, d)?;
+    }
+    if !quiet {
+        println!("{}", output::table(&report));
+    }
+    if !report.complete {
+        eprintln!(
+            "bitnet-bench: interrupted: {} finished combinations written (report marked incomplete)",
+            report.results.len()
+        );
+    }
+    Ok(())
 }

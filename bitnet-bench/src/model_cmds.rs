@@ -276,7 +276,7 @@ fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
 }
 
 /// Fails early (before any work) when `path`'s directory cannot take a new file.
-fn check_writable(path: &Path) -> Result<()> {
+pub fn check_writable(path: &Path) -> Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !dir.is_dir() {
         bail!("{}: directory {} does not exist", path.display(), dir.display());

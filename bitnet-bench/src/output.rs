@@ -1,0 +1,178 @@
+//! What people read: the terminal table (in the spirit of llama-bench's), Markdown for PR
+//! comments and CSV for spreadsheets — all from a report, so they agree with the JSON.
+
+use std::fmt::Write;
+
+use crate::report::{BenchResult, Report};
+
+/// Column headers shared by the table, Markdown and CSV.
+const HEADERS: [&str; 16] = [
+    "model",
+    "kernel",
+    "isa",
+    "threads",
+    "batch",
+    "context",
+    "kv",
+    "pp t/s",
+    "ttft ms",
+    "tg t/s",
+    "± ci95",
+    "p50 ms",
+    "p99 ms",
+    "roofline",
+    "kv MiB",
+    "kl / top1",
+];
+
+fn row(r: &BenchResult) -> [String; 16] {
+    let c = &r.config;
+    let tg = &r.decode.tokens_per_sec;
+    [
+        c.model.clone(),
+        c.kernel.clone(),
+        c.isa.clone(),
+        c.threads.to_string(),
+        c.batch.to_string(),
+        c.context_length.to_string(),
+        c.kv_precision.clone(),
+        format!("{:.1}", r.prefill.tokens_per_sec.median),
+        format!("{:.1}", r.prefill.ttft_ms.median),
+        format!("{:.2}", tg.median),
+        format!("{:.2}", (tg.ci95_high - tg.ci95_low) / 2.0),
+        format!("{:.2}", r.decode.latency_ms.p50),
+        format!("{:.2}", r.decode.latency_ms.p99),
+        format!("{:.0}%", r.decode.roofline_fraction * 100.0),
+        format!("{:.1}", r.memory.kv_cache_bytes as f64 / 1048576.0),
+        r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
+    ]
+}
+
+/// The lines above the table: what was measured, on what.
+pub fn header(r: &Report) -> String {
+    let s = &r.system;
+    format!(
+        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads); {} warm-up + {} runs × {} new tokens{}",
+        r.model.name,
+        r.model.weight_format,
+        r.model.weight_bytes as f64 / 1048576.0,
+        r.model.source,
+        s.cpu_model,
+        s.physical_cores,
+        s.logical_cpus,
+        r.roofline.read_bandwidth_gbps,
+        r.roofline.threads,
+        r.settings.warmup,
+        r.settings.repeat,
+        r.settings.max_new_tokens,
+        if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
+    )
+}
+
+fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {
+    let mut w = HEADERS.map(str::len);
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let numeric = |i: usize| i >= 3 && i != 6;
+    let line = |cells: &[String]| {
+        let parts: Vec<String> =
+            cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if numeric(i) {
+                        format!("{c:>width$}", width = w[i])
+                    } else {
+                        format!("{c:<width$}", width = w[i])
+                    }
+                })
+                .collect();
+        if edge {
+            format!("| {} |", parts.join(sep))
+        } else {
+            parts.join(sep)
+        }
+    };
+    let mut o = String::new();
+    let _ = writeln!(o, "{}", line(&HEADERS.map(String::from)));
+    let rule: Vec<String> = w
+        .iter()
+        .enumerate()
+        .map(|(i, n)| if numeric(i) { format!("{}:", "-".repeat(n - 1)) } else { "-".repeat(*n) })
+        .collect();
+    let _ = writeln!(o, "{}", if edge { format!("| {} |", rule.join(sep)) } else { rule.join(sep) });
+    for r in rows {
+        let _ = writeln!(o, "{}", line(r));
+    }
+    o
+}
+
+/// The terminal table.
+pub fn table(r: &Report) -> String {
+    let rows: Vec<_> = r.results.iter().map(row).collect();
+    format!("{}\n\n{}", header(r), aligned(&rows, " | ", true))
+}
+
+/// Markdown for PR comments: a summary line, then the table.
+pub fn markdown(r: &Report) -> String {
+    let rows: Vec<_> = r.results.iter().map(row).collect();
+    let mut o = String::new();
+    let _ = writeln!(o, "### bitnet-bench: {}\n", r.model.name);
+    let _ = writeln!(o, "{}\n", header(r));
+    o.push_str(&aligned(&rows, " | ", true));
+    let _ = writeln!(
+        o,
+        "\npp: prefill tokens/s (median); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency; roofline: bytes read per decode step × steps/s ÷ read bandwidth; kl / top1: KV precision's quality cost against f32 KV."
+    );
+    o
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// CSV: one row per combination, machine-friendly units in the header.
+pub fn csv(r: &Report) -> String {
+    let mut o = String::from(
+        "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement\n",
+    );
+    for x in &r.results {
+        let c = &x.config;
+        let (kl, top1) = x.quality.as_ref().map_or((String::new(), String::new()), |q| {
+            (format!("{}", q.kl_divergence), format!("{}", q.top1_agreement))
+        });
+        let fields = [
+            csv_field(&c.model),
+            c.kernel.clone(),
+            c.isa.clone(),
+            c.threads.to_string(),
+            c.batch.to_string(),
+            c.context_length.to_string(),
+            c.kv_precision.clone(),
+            format!("{}", x.prefill.tokens_per_sec.median),
+            format!("{}", x.prefill.ttft_ms.median),
+            format!("{}", x.decode.tokens_per_sec.median),
+            format!("{}", x.decode.tokens_per_sec.ci95_low),
+            format!("{}", x.decode.tokens_per_sec.ci95_high),
+            format!("{}", x.decode.latency_ms.p50),
+            format!("{}", x.decode.latency_ms.p90),
+            format!("{}", x.decode.latency_ms.p95),
+            format!("{}", x.decode.latency_ms.p99),
+            x.decode.bytes_per_token.to_string(),
+            format!("{}", x.decode.roofline_fraction),
+            x.memory.weight_bytes.to_string(),
+            x.memory.kv_cache_bytes.to_string(),
+            kl,
+            top1,
+        ];
+        let _ = writeln!(o, "{}", fields.join(","));
+    }
+    o
+}

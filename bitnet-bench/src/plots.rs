@@ -1,0 +1,237 @@
+//! SVG charts of a report, drawn by `plotters` with its SVG backend (text is SVG `<text>`, so
+//! no system font is needed), and `index.html`: one self-contained page with every chart
+//! inlined and the results table, which opens offline.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+
+use crate::report::{BenchResult, Report};
+
+const W: u32 = 760;
+const H: u32 = 440;
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("drawing {what}: {e:?}")
+}
+
+/// Lines of `y` against `x`, one per series.
+fn line_chart(title: &str, x_label: &str, y_label: &str, series: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(err(title))?;
+        let xs = series.values().flatten().map(|p| p.0);
+        let ys = series.values().flatten().map(|p| p.1);
+        let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+        let y1 = ys.fold(0f64, f64::max);
+        let (x0, x1) = if x0 < x1 { (x0, x1) } else { (x0 - 1.0, x0 + 1.0) };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x0..x1, 0f64..(y1 * 1.15).max(1e-9))
+            .map_err(err(title))?;
+        chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(err(title))?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let c = COLORS[i % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(err(title))?
+                .label(name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled()))).map_err(err(title))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err(title))?;
+        root.present().map_err(err(title))?;
+    }
+    Ok(svg)
+}
+
+/// Bars (one per label), each a stack of named parts.
+fn bar_chart(title: &str, y_label: &str, bars: &[(String, Vec<(String, f64)>)]) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W.max(120 * bars.len() as u32), H)).into_drawing_area();
+        root.fill(&WHITE).map_err(err(title))?;
+        let top = bars.iter().map(|(_, parts)| parts.iter().map(|p| p.1).sum::<f64>()).fold(0f64, f64::max);
+        let n = bars.len().max(1);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(60)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..n as f64, 0f64..(top * 1.15).max(1e-9))
+            .map_err(err(title))?;
+        let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
+            .y_desc(y_label)
+            .draw()
+            .map_err(err(title))?;
+        let mut part_names: Vec<String> = Vec::new();
+        for (_, parts) in bars {
+            for (p, _) in parts {
+                if !part_names.contains(p) {
+                    part_names.push(p.clone());
+                }
+            }
+        }
+        for (pi, pname) in part_names.iter().enumerate() {
+            let c = COLORS[pi % COLORS.len()];
+            let rects = bars.iter().enumerate().filter_map(|(i, (_, parts))| {
+                let below: f64 = parts.iter().take_while(|p| &p.0 != pname).map(|p| p.1).sum();
+                let v = parts.iter().find(|p| &p.0 == pname)?.1;
+                Some(Rectangle::new([(i as f64 + 0.15, below), (i as f64 + 0.85, below + v)], c.filled()))
+            });
+            let s = chart.draw_series(rects).map_err(err(title))?;
+            if part_names.len() > 1 {
+                s.label(pname.clone()).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            }
+        }
+        if part_names.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(err(title))?;
+        }
+        root.present().map_err(err(title))?;
+    }
+    Ok(svg)
+}
+
+fn short(r: &BenchResult) -> String {
+    let c = &r.config;
+    format!("{} B{} c{} {} t{}", c.kernel, c.batch, c.context_length, c.kv_precision, c.threads)
+}
+
+/// Every chart of the report: (file name, title, SVG).
+pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
+    let mut out = Vec::new();
+    // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
+    let mut tg: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for x in &r.results {
+        let c = &x.config;
+        let key = format!("{} ctx {} {} t{}", c.kv_precision, c.context_length, c.kernel, c.threads);
+        tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median));
+    }
+    tg.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
+    let t = "Decode tokens/s vs batch size";
+    out.push(("decode_vs_batch.svg".into(), t.into(), line_chart(t, "batch size", "tokens/s (median)", &tg)?));
+
+    // Latency percentiles vs context length at the smallest batch, first precision.
+    if let Some(first) = r.results.first() {
+        let b = r.results.iter().map(|x| x.config.batch).min().unwrap_or(1);
+        let kv = &first.config.kv_precision;
+        let mut lat: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for x in r.results.iter().filter(|x| x.config.batch == b && &x.config.kv_precision == kv) {
+            let l = &x.decode.latency_ms;
+            for (name, v) in [("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)] {
+                lat.entry(name.into()).or_default().push((x.config.context_length as f64, v));
+            }
+        }
+        lat.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
+        let t = format!("Inter-token latency vs context length (batch {b}, KV {kv})");
+        out.push(("latency_vs_context.svg".into(), t.clone(), line_chart(&t, "context length", "ms", &lat)?));
+    }
+
+    // KV cache bytes and quality cost per precision, at the largest batch × context.
+    let mut per_kv: BTreeMap<String, &BenchResult> = BTreeMap::new();
+    for x in &r.results {
+        let e = per_kv.entry(x.config.kv_precision.clone()).or_insert(x);
+        if x.memory.kv_cache_bytes > e.memory.kv_cache_bytes {
+            *e = x;
+        }
+    }
+    let kv_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
+        .iter()
+        .map(|(k, x)| (k.clone(), vec![("KV MiB".into(), x.memory.kv_cache_bytes as f64 / 1048576.0)]))
+        .collect();
+    let t = "KV cache size per precision (largest batch × context)";
+    out.push(("kv_bytes.svg".into(), t.into(), bar_chart(t, "MiB", &kv_bars)?));
+    let q_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
+        .iter()
+        .filter_map(|(k, x)| x.quality.as_ref().map(|q| (k.clone(), vec![("KL".into(), q.kl_divergence)])))
+        .collect();
+    if !q_bars.is_empty() {
+        let t = "Quality cost per KV precision (KL divergence from f32 KV, nats)";
+        out.push(("kv_quality.svg".into(), t.into(), bar_chart(t, "KL (nats)", &q_bars)?));
+    }
+
+    // Stage breakdown, stacked shares per combination.
+    let stage_bars: Vec<(String, Vec<(String, f64)>)> = r
+        .results
+        .iter()
+        .filter_map(|x| {
+            x.stages.as_ref().map(|s| (short(x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
+        })
+        .collect();
+    if !stage_bars.is_empty() {
+        let t = "Decode time by stage (% of stage time)";
+        out.push(("stages.svg".into(), t.into(), bar_chart(t, "%", &stage_bars)?));
+    }
+
+    // Roofline fraction per combination.
+    let roof: Vec<(String, Vec<(String, f64)>)> =
+        r.results.iter().map(|x| (short(x), vec![("roofline".into(), x.decode.roofline_fraction * 100.0)])).collect();
+    let t = "Decode bandwidth as % of the measured read bandwidth";
+    out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
+    Ok(out)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Writes every chart and `index.html` into `dir` (created if needed).
+pub fn write_all(r: &Report, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
+    let charts = charts(r)?;
+    let mut html = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>bitnet-bench report</title><style>body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}figure{margin:24px 0}</style></head><body>\n",
+    );
+    html.push_str(&format!(
+        "<h1>bitnet-bench: {}</h1>\n<p>{}</p>\n",
+        escape(&r.model.name),
+        escape(&crate::output::header(r))
+    ));
+    html.push_str("<table>\n");
+    for (i, line) in crate::output::csv(r).lines().enumerate() {
+        let tag = if i == 0 { "th" } else { "td" };
+        html.push_str("<tr>");
+        for cell in line.split(',') {
+            html.push_str(&format!("<{tag}>{}</{tag}>", escape(cell.trim_matches('"'))));
+        }
+        html.push_str("</tr>\n");
+    }
+    html.push_str("</table>\n");
+    for (file, title, svg) in &charts {
+        crate::report::write_atomic(&dir.join(file), svg.as_bytes())?;
+        html.push_str(&format!("<figure><figcaption>{}</figcaption>\n{}\n</figure>\n", escape(title), svg));
+    }
+    html.push_str("</body></html>\n");
+    crate::report::write_atomic(&dir.join("index.html"), html.as_bytes())
+}

@@ -1,0 +1,293 @@
+//! The versioned benchmark report: one `Report` type, serialized as JSON, documented field by
+//! field in `reports/README.md` and published as a JSON Schema (`reports/schema.json`)
+//! generated from this type.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::stats::Stat;
+use crate::system::System;
+
+/// Bumped whenever a field changes meaning or a required field is added.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A `bitnet-bench` report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    /// Version of this format (see `SCHEMA_VERSION`).
+    pub schema_version: u32,
+    /// False if the sweep was interrupted (or is still running): `results` holds the
+    /// combinations that finished.
+    pub complete: bool,
+    /// When the sweep started, RFC 3339 UTC.
+    pub created_at: String,
+    /// The program that measured (or the peer a report was imported from).
+    pub tool: Tool,
+    /// The machine it ran on.
+    pub system: System,
+    /// The model measured.
+    pub model: ModelInfo,
+    /// Repetitions, lengths and seed of the sweep.
+    pub settings: Settings,
+    /// The memory read bandwidth decode is measured against.
+    pub roofline: Roofline,
+    /// One entry per finished combination, in sweep order.
+    pub results: Vec<BenchResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// `bitnet-bench`, or the peer a report was imported from (e.g. `llama-bench`).
+    pub name: String,
+    pub version: String,
+    /// Commit the tool was built from; null when unknown.
+    pub git_commit: Option<String>,
+    /// Whether the build had uncommitted changes to tracked files; null when unknown.
+    pub git_dirty: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelInfo {
+    /// Preset name or the GGUF's model name.
+    pub name: String,
+    /// `preset (synthetic ...)` or `GGUF file PATH`.
+    pub source: String,
+    /// Parameters (weights) in all.
+    pub params: u64,
+    /// Bytes of all weights as held in memory.
+    pub weight_bytes: u64,
+    /// Format of the linear layers (i2, tq2_0, tq1_0, bitplanes).
+    pub weight_format: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Runs per combination discarded before measuring.
+    pub warmup: usize,
+    /// Measured runs per combination.
+    pub repeat: usize,
+    /// Decode steps per run.
+    pub max_new_tokens: usize,
+    /// Seed of synthetic weights and prompts.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Roofline {
+    /// Read bandwidth (GB/s, 10^9 bytes/s) measured at the start with `threads` threads (the
+    /// most threads of the sweep); the best of several passes over 1 GiB.
+    pub read_bandwidth_gbps: f64,
+    /// Threads of that probe.
+    pub threads: usize,
+    /// The same for every thread count of the sweep.
+    pub by_threads: BTreeMap<String, f64>,
+}
+
+/// One combination's measurements.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchResult {
+    pub config: Config,
+    /// Prompt processing.
+    pub prefill: Prefill,
+    /// Token generation after the prompt.
+    pub decode: Decode,
+    /// Bytes held.
+    pub memory: Memory,
+    /// Quality cost of the KV precision against f32 KV; null when not measured.
+    pub quality: Option<Quality>,
+    /// Share of decode time per stage (with `--trace`); null otherwise.
+    pub stages: Option<BTreeMap<String, StageShare>>,
+    /// Counters per decode step (with `--counters`), summed over threads; null otherwise.
+    pub counters: Option<BTreeMap<String, f64>>,
+}
+
+/// What identifies a combination (results of two reports are paired on all of it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Model name (as in `model.name`).
+    pub model: String,
+    /// Kernel family (i2s, tq2, tq1, xnor).
+    pub kernel: String,
+    /// ISA level (scalar, avx2, avx512).
+    pub isa: String,
+    /// Sequences decoded in lock-step.
+    pub batch: usize,
+    /// Prompt tokens prefilled per sequence before decoding.
+    pub context_length: usize,
+    /// KV cache precision (f32, f16, bf16, fp8, int8, int4, int2).
+    pub kv_precision: String,
+    /// Threads in all.
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prefill {
+    /// batch × context_length prompt tokens / prefill seconds, one sample per run.
+    pub tokens_per_sec: Stat,
+    /// Time to first token: prefill of every sequence's prompt plus choosing the first token.
+    pub ttft_ms: Stat,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decode {
+    /// batch × steps / decode seconds, one sample per run.
+    pub tokens_per_sec: Stat,
+    /// Inter-token latency: the time of each decode step (all sequences advance one token).
+    pub latency_ms: Latency,
+    /// Bytes read per decode step (weights once for the whole batch, plus every sequence's
+    /// KV cache at its mean position) divided by the batch size.
+    pub bytes_per_token: u64,
+    /// Bytes read per decode step.
+    pub bytes_per_step: u64,
+    /// bytes_per_step × steps per second (median) / the roofline bandwidth for the same threads.
+    pub roofline_fraction: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Latency {
+    /// Percentiles (ms) of the step latencies, linear interpolation.
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    /// Every step's latency, runs in order.
+    pub samples: Vec<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    /// Bytes of all weights as held in memory.
+    pub weight_bytes: u64,
+    /// Exact bytes of the KV cache of this combination.
+    pub kv_cache_bytes: u64,
+    /// Peak resident set size of the process so far (VmHWM); null where unreadable.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Quality {
+    /// Mean KL(p_f32 ‖ p_this) of next-token distributions over the positions (nats).
+    pub kl_divergence: f64,
+    /// Fraction of positions whose most likely next token matches f32 KV's.
+    pub top1_agreement: f64,
+    /// Positions compared (a teacher-forced prompt).
+    pub positions: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageShare {
+    /// Nanoseconds per decode step, summed over threads.
+    pub ns: f64,
+    /// Of all stage time.
+    pub share: f64,
+}
+
+/// The JSON Schema of [`Report`], as committed in `reports/schema.json`.
+pub fn schema_json() -> String {
+    let schema = schemars::schema_for!(Report);
+    serde_json::to_string_pretty(&schema).expect("a schema serializes") + "\n"
+}
+
+/// Parses and checks a report: the schema version, then the typed structure (unknown or
+/// missing fields are errors naming their JSON path), then what types cannot say (finite
+/// numbers, sample counts, ordering of statistics).
+pub fn parse(text: &str, name: &str) -> Result<Report> {
+    let value: serde_json::Value = serde_json::from_str(text).with_context(|| format!("{name}: not valid JSON"))?;
+    match value.get("schema_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == SCHEMA_VERSION as u64 => {}
+        Some(v) => bail!("{name}: schema_version {v} is not supported (this tool reads {SCHEMA_VERSION})"),
+        None => bail!("{name}: $.schema_version is missing or not a number"),
+    }
+    validate_schema(&value).with_context(|| name.to_string())?;
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let report: Report = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        anyhow::anyhow!("{name}: at $.{path}: {}", e.into_inner())
+    })?;
+    check(&report).with_context(|| name.to_string())?;
+    Ok(report)
+}
+
+/// Validates a JSON value against this build's JSON Schema (the one in `reports/schema.json`).
+pub fn validate_schema(value: &serde_json::Value) -> Result<()> {
+    let schema: serde_json::Value = serde_json::from_str(&schema_json()).expect("the generated schema is JSON");
+    let validator =
+        jsonschema::validator_for(&schema).map_err(|e| anyhow::anyhow!("the report schema is invalid: {e}"))?;
+    if let Err(e) = validator.validate(value) {
+        let path: String = e
+            .instance_path()
+            .to_string()
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(|p| if p.bytes().all(|b| b.is_ascii_digit()) { format!("[{p}]") } else { format!(".{p}") })
+            .collect();
+        bail!("at ${path}: {e} (does not match the report schema)");
+    }
+    Ok(())
+}
+
+/// Reads and checks a report file.
+pub fn load(path: &Path) -> Result<Report> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    parse(&text, &path.display().to_string())
+}
+
+fn check_stat(path: &str, s: &Stat) -> Result<()> {
+    let all = [s.mean, s.median, s.stddev, s.min, s.max, s.ci95_low, s.ci95_high];
+    if all.iter().chain(&s.samples).any(|v| !v.is_finite()) {
+        bail!("{path}: non-finite value");
+    }
+    if s.n == 0 || s.n != s.samples.len() {
+        bail!("{path}: n = {} but {} samples", s.n, s.samples.len());
+    }
+    if s.min > s.median || s.median > s.max || s.stddev < 0.0 {
+        bail!("{path}: min ≤ median ≤ max and stddev ≥ 0 do not hold");
+    }
+    Ok(())
+}
+
+/// Invariants the types cannot express.
+pub fn check(r: &Report) -> Result<()> {
+    for (i, res) in r.results.iter().enumerate() {
+        let p = format!("$.results[{i}]");
+        check_stat(&format!("{p}.prefill.tokens_per_sec"), &res.prefill.tokens_per_sec)?;
+        check_stat(&format!("{p}.prefill.ttft_ms"), &res.prefill.ttft_ms)?;
+        check_stat(&format!("{p}.decode.tokens_per_sec"), &res.decode.tokens_per_sec)?;
+        let l = &res.decode.latency_ms;
+        if [l.p50, l.p90, l.p95, l.p99].iter().chain(&l.samples).any(|v| !v.is_finite()) {
+            bail!("{p}.decode.latency_ms: non-finite value");
+        }
+        if !res.decode.roofline_fraction.is_finite() {
+            bail!("{p}.decode.roofline_fraction: non-finite value");
+        }
+        if res.config.batch == 0 || res.config.threads == 0 {
+            bail!("{p}.config: batch and threads must be at least 1");
+        }
+    }
+    if !r.roofline.read_bandwidth_gbps.is_finite() {
+        bail!("$.roofline.read_bandwidth_gbps: non-finite value");
+    }
+    Ok(())
+}
+
+/// Writes `bytes` atomically (temporary file and rename); see [`crate::model_cmds::write_atomic`].
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::model_cmds::write_atomic(path, bytes)
+}

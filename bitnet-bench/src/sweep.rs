@@ -1,0 +1,535 @@
+//! The model sweep: every combination of kernel × threads × KV precision × context length ×
+//! batch size, each warmed up and measured `repeat` times, with statistics, roofline and
+//! quality. The engine sits behind the [`Runner`] seam so statistics, the report and the
+//! interrupt path are tested without timing noise.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bitnet_engine::bandwidth::measure_read_bandwidth;
+use bitnet_engine::instrument::{Level, Phase};
+use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
+use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
+
+use crate::report::{
+    BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Quality, Report, Roofline, Settings, StageShare,
+    Tool, SCHEMA_VERSION,
+};
+use crate::stats::{percentile, Stat};
+use crate::system::{available_memory, fingerprint, peak_rss};
+
+/// What to sweep.
+#[derive(Debug, Clone)]
+pub struct SweepSpec {
+    pub model: String,
+    /// Synthetic weight format of a preset (default: the first kernel's native format).
+    pub format: Option<WeightFormat>,
+    pub batch_sizes: Vec<usize>,
+    pub context_lengths: Vec<usize>,
+    pub kv_precisions: Vec<KvPrecision>,
+    pub threads: Vec<usize>,
+    pub kernels: Vec<KernelFamily>,
+    pub isa: Option<IsaLevel>,
+    pub max_new_tokens: usize,
+    pub warmup: usize,
+    pub repeat: usize,
+    pub seed: u64,
+    /// Stage breakdown of one extra (unmeasured) run per combination.
+    pub trace: bool,
+    /// Counters of that extra run.
+    pub counters: bool,
+    /// Positions of the KV quality measurement (0 = none).
+    pub quality_positions: usize,
+    pub pin: bool,
+    /// Bytes the bandwidth probe reads.
+    pub probe_bytes: usize,
+}
+
+/// The default sweep: a real-shaped preset, batch sizes × context lengths × three KV
+/// precisions, in under two minutes on a 2-core machine.
+impl Default for SweepSpec {
+    fn default() -> Self {
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        Self {
+            model: "bitnet-b1.58-large".into(),
+            format: None,
+            batch_sizes: vec![1, 4],
+            context_lengths: vec![32, 128],
+            kv_precisions: vec![KvPrecision::F16, KvPrecision::Int8, KvPrecision::Int4],
+            threads: vec![threads],
+            kernels: vec![KernelFamily::I2s],
+            isa: None,
+            max_new_tokens: 16,
+            warmup: 1,
+            repeat: 3,
+            seed: 42,
+            trace: false,
+            counters: false,
+            quality_positions: 64,
+            pin: false,
+            probe_bytes: 1 << 30,
+        }
+    }
+}
+
+/// One combination to measure.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Combo {
+    pub kernel: Kernel,
+    pub batch: usize,
+    pub context_length: usize,
+    pub kv: KvPrecision,
+    pub threads: usize,
+}
+
+/// Sizes of a combination, known before it runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prepared {
+    pub weight_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub bytes_per_step: u64,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunSample {
+    pub prefill_secs: f64,
+    /// Prefill plus choosing the first token.
+    pub ttft_secs: f64,
+    pub decode_step_secs: Vec<f64>,
+}
+
+/// Stage times and counters of a diagnostic run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Diagnostics {
+    /// Decode ns per step per stage, summed over threads.
+    pub stages: Option<BTreeMap<String, f64>>,
+    /// Counter values per decode step.
+    pub counters: Option<BTreeMap<String, f64>>,
+}
+
+/// The measurement seam: the engine in production, a fake in tests.
+pub trait Runner {
+    fn model_info(&self) -> ModelInfo;
+    fn max_context(&self) -> usize;
+    /// Bytes a state for `combo` would allocate (KV cache and buffers), for the memory check.
+    fn estimate_bytes(&self, combo: &Combo, max_new: usize) -> u64;
+    fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64>;
+    fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared>;
+    fn run(&mut self, max_new: usize) -> Result<RunSample>;
+    fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics>;
+    fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality>;
+}
+
+/// Every combination, in a stable order (kernel, threads, KV, context, batch).
+pub fn combos(spec: &SweepSpec) -> Result<Vec<Combo>> {
+    let mut v = Vec::new();
+    for &family in &spec.kernels {
+        let isa = match spec.isa {
+            Some(i) => i,
+            None => family.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar),
+        };
+        let kernel = Kernel::new(family, isa, family.default_form()).with_context(|| format!("--kernels {family}"))?;
+        for &threads in &spec.threads {
+            for &kv in &spec.kv_precisions {
+                for &context_length in &spec.context_lengths {
+                    for &batch in &spec.batch_sizes {
+                        v.push(Combo { kernel, batch, context_length, kv, threads });
+                    }
+                }
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Checks that every combination fits the model and this machine before anything runs.
+pub fn preflight(spec: &SweepSpec, runner: &dyn Runner, combos: &[Combo]) -> Result<()> {
+    for (flag, v) in [("--max-new-tokens", spec.max_new_tokens), ("--repeat", spec.repeat)] {
+        if v == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    let max = runner.max_context();
+    if let Some(c) = spec.context_lengths.iter().find(|c| **c + spec.max_new_tokens > max) {
+        bail!(
+            "--context-lengths {c}: {c} prompt + {} new tokens exceeds the model's maximum context of {max}",
+            spec.max_new_tokens
+        );
+    }
+    if let Some(avail) = available_memory() {
+        let weights = runner.model_info().weight_bytes;
+        if let Some(worst) = combos.iter().max_by_key(|c| runner.estimate_bytes(c, spec.max_new_tokens)) {
+            let need = runner.estimate_bytes(worst, spec.max_new_tokens);
+            // Leave a tenth of what is available to the OS and the rest of the process.
+            if need as f64 > 0.9 * avail as f64 {
+                bail!(
+                    "--batch-sizes {} with --context-lengths {} and --kv-precisions {} needs about {:.1} GiB for the KV cache and buffers (weights: {:.1} GiB, already loaded) but {:.1} GiB are available",
+                    worst.batch,
+                    worst.context_length,
+                    worst.kv,
+                    need as f64 / (1u64 << 30) as f64,
+                    weights as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the sweep reports as it goes.
+pub enum Progress<'a> {
+    /// About to measure combination `index` of `total`.
+    Start { index: usize, total: usize, combo: &'a Combo },
+    /// Finished it; the report now holds it.
+    Done { index: usize, total: usize, result: &'a BenchResult, report: &'a Report },
+}
+
+/// UTC now in RFC 3339 (seconds).
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The tool section of reports this build writes.
+pub fn tool() -> Tool {
+    let commit = env!("BITNET_GIT_COMMIT");
+    let dirty = env!("BITNET_GIT_DIRTY");
+    Tool {
+        name: "bitnet-bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: (!commit.is_empty()).then(|| commit.to_string()),
+        git_dirty: match dirty {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        },
+    }
+}
+
+/// Runs the sweep. `stop` is checked before every run: when set, the combination in progress
+/// is dropped and the report returned with `complete: false` and every finished combination.
+pub fn run_sweep(
+    spec: &SweepSpec,
+    runner: &mut dyn Runner,
+    stop: &AtomicBool,
+    mut progress: impl FnMut(Progress<'_>) -> Result<()>,
+) -> Result<Report> {
+    let combos = combos(spec)?;
+    preflight(spec, runner, &combos)?;
+    let mut by_threads = BTreeMap::new();
+    let mut threads_sorted = spec.threads.clone();
+    threads_sorted.sort();
+    threads_sorted.dedup();
+    for &t in &threads_sorted {
+        by_threads.insert(t.to_string(), runner.bandwidth_gbps(t).context("bandwidth probe")?);
+    }
+    let max_t = *threads_sorted.last().context("--threads: needs at least one value")?;
+    let isa_used: Vec<IsaLevel> = combos.iter().map(|c| c.kernel.isa()).collect();
+    let mut report = Report {
+        schema_version: SCHEMA_VERSION,
+        complete: false,
+        created_at: now_rfc3339(),
+        tool: tool(),
+        system: fingerprint(&isa_used, spec.pin),
+        model: runner.model_info(),
+        settings: Settings {
+            warmup: spec.warmup,
+            repeat: spec.repeat,
+            max_new_tokens: spec.max_new_tokens,
+            seed: spec.seed,
+        },
+        roofline: Roofline { read_bandwidth_gbps: by_threads[&max_t.to_string()], threads: max_t, by_threads },
+        results: Vec::new(),
+    };
+    let mut quality_cache: BTreeMap<(String, usize), Quality> = BTreeMap::new();
+    let total = combos.len();
+    'combos: for (index, combo) in combos.iter().enumerate() {
+        progress(Progress::Start { index, total, combo })?;
+        let prepared = runner.prepare(combo, spec.max_new_tokens)?;
+        let mut samples = Vec::with_capacity(spec.repeat);
+        for i in 0..spec.warmup + spec.repeat {
+            if stop.load(Ordering::SeqCst) {
+                break 'combos;
+            }
+            let s = runner.run(spec.max_new_tokens)?;
+            if i >= spec.warmup {
+                samples.push(s);
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let diag = if spec.trace || spec.counters {
+            runner.diagnose(spec.max_new_tokens, spec.trace, spec.counters)?
+        } else {
+            Diagnostics::default()
+        };
+        let quality = if spec.quality_positions > 0 {
+            let key = (combo.kv.name().to_string(), combo.threads);
+            if !quality_cache.contains_key(&key) {
+                let q = runner.quality(combo.kv, spec.quality_positions, combo.threads)?;
+                quality_cache.insert(key.clone(), q);
+            }
+            quality_cache.get(&key).cloned()
+        } else {
+            None
+        };
+        let bw = report.roofline.by_threads[&combo.threads.to_string()];
+        let result = summarize(combo, &report.model.name, &prepared, &samples, bw, quality, diag);
+        report.results.push(result);
+        let last = report.results.last().expect("just pushed");
+        progress(Progress::Done { index, total, result: last, report: &report })?;
+    }
+    report.complete = report.results.len() == total;
+    Ok(report)
+}
+
+/// The statistics of one combination's runs.
+pub fn summarize(
+    combo: &Combo,
+    model: &str,
+    prepared: &Prepared,
+    samples: &[RunSample],
+    bandwidth_gbps: f64,
+    quality: Option<Quality>,
+    diag: Diagnostics,
+) -> BenchResult {
+    let b = combo.batch as f64;
+    let pp: Vec<f64> = samples.iter().map(|s| b * combo.context_length as f64 / s.prefill_secs).collect();
+    let ttft: Vec<f64> = samples.iter().map(|s| s.ttft_secs * 1e3).collect();
+    let tg: Vec<f64> =
+        samples.iter().map(|s| b * s.decode_step_secs.len() as f64 / s.decode_step_secs.iter().sum::<f64>()).collect();
+    let lat: Vec<f64> = samples.iter().flat_map(|s| s.decode_step_secs.iter().map(|t| t * 1e3)).collect();
+    let tg_stat = Stat::of(&tg);
+    let steps_per_sec = tg_stat.median / b;
+    let stages = diag.stages.map(|m| {
+        let total: f64 = m.values().sum();
+        m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: if total > 0.0 { ns / total } else { 0.0 } })).collect()
+    });
+    BenchResult {
+        config: Config {
+            model: model.to_string(),
+            kernel: combo.kernel.family().name().into(),
+            isa: combo.kernel.isa().name().into(),
+            batch: combo.batch,
+            context_length: combo.context_length,
+            kv_precision: combo.kv.name().into(),
+            threads: combo.threads,
+        },
+        prefill: Prefill { tokens_per_sec: Stat::of(&pp), ttft_ms: Stat::of(&ttft) },
+        decode: Decode {
+            tokens_per_sec: tg_stat,
+            latency_ms: Latency {
+                p50: percentile(&lat, 50.0),
+                p90: percentile(&lat, 90.0),
+                p95: percentile(&lat, 95.0),
+                p99: percentile(&lat, 99.0),
+                samples: lat,
+            },
+            bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
+            bytes_per_step: prepared.bytes_per_step,
+            roofline_fraction: prepared.bytes_per_step as f64 * steps_per_sec / (bandwidth_gbps * 1e9),
+        },
+        memory: Memory {
+            weight_bytes: prepared.weight_bytes,
+            kv_cache_bytes: prepared.kv_cache_bytes,
+            peak_rss_bytes: peak_rss(),
+        },
+        quality,
+        stages,
+        counters: diag.counters,
+    }
+}
+
+/// The real engine behind the seam.
+pub struct EngineRunner {
+    model: Model,
+    source: String,
+    seed: u64,
+    pin: bool,
+    probe_bytes: usize,
+    state: Option<(Combo, State)>,
+    prompts: Vec<Vec<u32>>,
+}
+
+impl EngineRunner {
+    /// Loads the model (synthetic weights for a preset, in `format`).
+    pub fn load(spec: &SweepSpec) -> Result<Self> {
+        let source = ModelSource::parse(&spec.model).with_context(|| format!("--model {}", spec.model))?;
+        let format =
+            spec.format.unwrap_or_else(|| spec.kernels.first().map_or(WeightFormat::I2, |k| k.native_format()));
+        let threads = spec.threads.iter().copied().max().unwrap_or(1);
+        let (model, desc) = source
+            .load(format, spec.seed, threads)
+            .with_context(|| format!("--model {} (format {format})", spec.model))?;
+        for k in &spec.kernels {
+            let f = model.weights.layers[0].wq.format();
+            if !k.accepts(f) {
+                bail!(
+                    "--kernels {k}: cannot read this model's {f} weights (use --kernels {})",
+                    Kernel::best_for(f).family()
+                );
+            }
+        }
+        Ok(Self {
+            model,
+            source: desc,
+            seed: spec.seed,
+            pin: spec.pin,
+            probe_bytes: spec.probe_bytes,
+            state: None,
+            prompts: Vec::new(),
+        })
+    }
+
+    fn state(&mut self) -> Result<(&Model, &mut State, Combo)> {
+        let (combo, st) = self.state.as_mut().context("prepare() was not called")?;
+        Ok((&self.model, st, *combo))
+    }
+}
+
+fn params(m: &Model) -> u64 {
+    let c = &m.config;
+    let per_layer = c.hidden * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * c.hidden + 3 * c.hidden * c.ffn;
+    let emb = c.vocab * c.hidden * if c.tied_embeddings { 1 } else { 2 };
+    (c.layers * per_layer + emb) as u64
+}
+
+impl Runner for EngineRunner {
+    fn model_info(&self) -> ModelInfo {
+        let w = &self.model.weights;
+        let bytes = w.linear_bytes()
+            + w.token_embd.byte_len()
+            + if self.model.config.tied_embeddings { 0 } else { w.lm_head().byte_len() };
+        ModelInfo {
+            name: self.model.config.name.clone(),
+            source: self.source.clone(),
+            params: params(&self.model),
+            weight_bytes: bytes as u64,
+            weight_format: w.layers[0].wq.format().name().into(),
+        }
+    }
+
+    fn max_context(&self) -> usize {
+        self.model.config.max_context
+    }
+
+    fn estimate_bytes(&self, c: &Combo, max_new: usize) -> u64 {
+        let cfg = &self.model.config;
+        let kv = c.kv.bytes_per_token(cfg) * (c.context_length + max_new) * c.batch;
+        let rows = c.batch.max(64);
+        let buffers = rows * (cfg.vocab * 2 + 4 * cfg.hidden + 2 * cfg.ffn) * 4;
+        (kv + buffers) as u64
+    }
+
+    fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {
+        Ok(measure_read_bandwidth(self.probe_bytes, threads, 5)?.best_gbps)
+    }
+
+    fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared> {
+        self.state = None; // free the previous combination's cache first
+        let mut so = StateOptions::new(combo.batch, combo.context_length + max_new, combo.kv, combo.threads);
+        so.kernel = Some(combo.kernel);
+        so.pin = self.pin;
+        let st = State::new(&self.model, &so)?;
+        let cfg = &self.model.config;
+        let vocab = cfg.vocab as u64;
+        self.prompts = (0..combo.batch)
+            .map(|s| {
+                let mut rng =
+                    bitnet_engine::rng::SplitMix64::new(self.seed ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                (0..combo.context_length).map(|_| (rng.next_u64() % vocab) as u32).collect()
+            })
+            .collect();
+        let kv_token = combo.kv.bytes_per_token(cfg) as u64;
+        let mean_positions = combo.context_length as u64 + max_new as u64 / 2;
+        let bytes_per_step =
+            self.model.weights.bytes_read_per_token() as u64 + combo.batch as u64 * kv_token * mean_positions;
+        let prepared = Prepared {
+            weight_bytes: self.model_info().weight_bytes,
+            kv_cache_bytes: st.kv_cache().byte_len() as u64,
+            bytes_per_step,
+        };
+        self.state = Some((*combo, st));
+        Ok(prepared)
+    }
+
+    fn run(&mut self, max_new: usize) -> Result<RunSample> {
+        let prompts = std::mem::take(&mut self.prompts);
+        let r = (|| {
+            let (model, st, combo) = self.state()?;
+            let t0 = Instant::now();
+            let mut next = vec![0u32; combo.batch];
+            for (s, p) in prompts.iter().enumerate() {
+                let row = prefill(model, st, s, 0, p, None)?;
+                next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
+            }
+            let ttft = t0.elapsed().as_secs_f64();
+            let seqs: Vec<usize> = (0..combo.batch).collect();
+            let mut positions = vec![0; combo.batch];
+            let mut steps = Vec::with_capacity(max_new);
+            for step in 0..max_new {
+                positions.fill(combo.context_length + step);
+                let t = Instant::now();
+                st.forward(model, &next, &seqs, &positions, LogitsFor::All)?;
+                for (b, n) in next.iter_mut().enumerate() {
+                    *n = argmax(st.logits(b).expect("decode rows have logits"));
+                }
+                steps.push(t.elapsed().as_secs_f64());
+            }
+            // Prefill time alone: TTFT less the first-token choice, timed apart is noise-level,
+            // so prefill tokens/s uses the TTFT interval (argmax of one row is microseconds).
+            Ok(RunSample { prefill_secs: ttft, ttft_secs: ttft, decode_step_secs: steps })
+        })();
+        self.prompts = prompts;
+        r
+    }
+
+    fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics> {
+        let (_, st, _) = self.state()?;
+        st.set_instrument(if trace { Level::Aggregate } else { Level::Off }, 0);
+        let mut c = counters.then(|| bitnet_trace::counters::Counters::open(&bitnet_trace::counters::thread_ids()));
+        let sample = self.run(max_new);
+        let (_, st, _) = self.state()?;
+        let counted = c.as_mut().map(|c| c.delta());
+        let spans = trace.then(|| bitnet_trace::spans::Spans::collect(st));
+        st.set_instrument(Level::Off, 0);
+        sample?;
+        let steps = max_new.max(1) as f64;
+        let stages = spans.map(|s| {
+            let mut m = BTreeMap::new();
+            for t in s.totals.iter().filter(|t| t.phase == Phase::Decode) {
+                *m.entry(t.stage.name().to_string()).or_insert(0.0) += t.ns / steps;
+            }
+            m
+        });
+        // Counters cover the whole run (prefill and decode); per decode step they are
+        // attributed by the run's token count, which the summary documents.
+        let counters = counted.map(|d| d.into_iter().map(|(k, v)| (k.to_string(), v.value / steps)).collect());
+        Ok(Diagnostics { stages, counters })
+    }
+
+    fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality> {
+        let n = positions.min(self.model.config.max_context);
+        let vocab = self.model.config.vocab as u64;
+        let mut rng = bitnet_engine::rng::SplitMix64::new(self.seed ^ 0x5eed);
+        let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+        let q = kv_quality(&self.model, &tokens, kv, threads)?;
+        Ok(Quality { kl_divergence: q.kl_divergence, top1_agreement: q.top1_agreement, positions: q.positions })
+    }
+}

@@ -1,0 +1,271 @@
+//! The sweep's statistics, report, exporters and interrupt path, measured through a fake
+//! runner with fixed timings (no clock, no noise).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Result;
+use bitnet_bench::report::{self, ModelInfo, Quality, Report};
+use bitnet_bench::sweep::{run_sweep, Combo, Diagnostics, Prepared, Progress, RunSample, Runner, SweepSpec};
+use bitnet_bench::{output, system};
+use bitnet_engine::{KernelFamily, KvPrecision};
+
+/// Decode step k of run r takes (10 + k + r) ms × (1 + batch / 4); prefill takes 1 ms per
+/// prompt token. Sets `stop` when `stop_after_runs` runs have happened.
+struct FakeRunner<'a> {
+    combo: Option<Combo>,
+    runs: usize,
+    stop_after_runs: Option<(usize, &'a AtomicBool)>,
+}
+
+impl Runner for FakeRunner<'_> {
+    fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            name: "fake".into(),
+            source: "test".into(),
+            params: 1000,
+            weight_bytes: 1 << 20,
+            weight_format: "i2".into(),
+        }
+    }
+    fn max_context(&self) -> usize {
+        4096
+    }
+    fn estimate_bytes(&self, c: &Combo, _max_new: usize) -> u64 {
+        (c.batch * c.context_length) as u64
+    }
+    fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {
+        Ok(10.0 * threads as f64)
+    }
+    fn prepare(&mut self, combo: &Combo, _max_new: usize) -> Result<Prepared> {
+        self.combo = Some(*combo);
+        Ok(Prepared { weight_bytes: 1 << 20, kv_cache_bytes: 4096 * combo.batch as u64, bytes_per_step: 100_000_000 })
+    }
+    fn run(&mut self, max_new: usize) -> Result<RunSample> {
+        let c = self.combo.unwrap();
+        let r = self.runs as f64;
+        self.runs += 1;
+        if let Some((n, stop)) = self.stop_after_runs {
+            if self.runs >= n {
+                stop.store(true, Ordering::SeqCst);
+            }
+        }
+        let prefill = 1e-3 * (c.batch * c.context_length) as f64;
+        let steps = (0..max_new).map(|k| (10.0 + k as f64 + r) * 1e-3 * (1.0 + c.batch as f64 / 4.0)).collect();
+        Ok(RunSample { prefill_secs: prefill, ttft_secs: prefill + 1e-3, decode_step_secs: steps })
+    }
+    fn diagnose(&mut self, _max_new: usize, trace: bool, _counters: bool) -> Result<Diagnostics> {
+        let stages = trace.then(|| BTreeMap::from([("dot".to_string(), 300.0), ("unpack".to_string(), 100.0)]));
+        Ok(Diagnostics { stages, counters: None })
+    }
+    fn quality(&mut self, kv: KvPrecision, positions: usize, _threads: usize) -> Result<Quality> {
+        let kl = match kv {
+            KvPrecision::F16 => 0.001,
+            _ => 0.01,
+        };
+        Ok(Quality { kl_divergence: kl, top1_agreement: 0.9, positions })
+    }
+}
+
+fn spec() -> SweepSpec {
+    SweepSpec {
+        model: "fake".into(),
+        batch_sizes: vec![1, 4],
+        context_lengths: vec![8],
+        kv_precisions: vec![KvPrecision::F16, KvPrecision::Int8],
+        threads: vec![2],
+        kernels: vec![KernelFamily::I2s],
+        max_new_tokens: 3,
+        warmup: 1,
+        repeat: 3,
+        trace: true,
+        quality_positions: 16,
+        ..SweepSpec::default()
+    }
+}
+
+fn sweep(stop_after: Option<usize>) -> Report {
+    let stop = AtomicBool::new(false);
+    let mut runner = FakeRunner { combo: None, runs: 0, stop_after_runs: stop_after.map(|n| (n, &stop)) };
+    let mut done = 0;
+    let mut r = run_sweep(&spec(), &mut runner, &stop, |p| {
+        if let Progress::Done { report, .. } = p {
+            done += 1;
+            assert_eq!(report.results.len(), done, "the report passed on holds every finished combination");
+        }
+        Ok(())
+    })
+    .unwrap();
+    // Fix what depends on the machine and the moment, for golden files.
+    r.created_at = "2026-01-01T00:00:00Z".into();
+    r.tool.git_commit = Some("0123456789abcdef".into());
+    r.tool.git_dirty = Some(false);
+    r.system = system::System {
+        cpu_model: "Test CPU".into(),
+        physical_cores: 2,
+        logical_cpus: 2,
+        isa: vec!["avx512".into()],
+        cpu_features: vec![],
+        l1d_kib: Some(32),
+        l2_kib: Some(1024),
+        l3_kib: None,
+        memory_bytes: Some(1 << 34),
+        os: "Test OS".into(),
+        kernel: "6.1".into(),
+        governor: None,
+        turbo: None,
+        pinned: false,
+        rustc: "rustc 1.95.0".into(),
+    };
+    for x in &mut r.results {
+        x.memory.peak_rss_bytes = Some(1 << 30);
+    }
+    r
+}
+
+#[test]
+fn statistics_come_from_the_runs_after_warm_up() {
+    let r = sweep(None);
+    assert!(r.complete);
+    assert_eq!(r.results.len(), 4);
+    let first = &r.results[0];
+    assert_eq!((first.config.batch, first.config.kv_precision.as_str()), (1, "f16"));
+    // Runs 1, 2, 3 are measured (run 0 is the warm-up): steps (10+k+r) ms × 1.25 for B=1.
+    let tg = &first.decode.tokens_per_sec;
+    let expect: Vec<f64> = (1..=3).map(|r| 3.0 / ((30.0 + 3.0 + 3.0 * r as f64) * 1.25e-3)).collect();
+    assert_eq!(tg.n, 3);
+    for (a, b) in tg.samples.iter().zip(&expect) {
+        assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+    }
+    assert!((tg.median - expect[1]).abs() < 1e-9);
+    // Latency: all 9 steps, in ms.
+    let lat = &first.decode.latency_ms;
+    assert_eq!(lat.samples.len(), 9);
+    // Steps 11,12,13 / 12,13,14 / 13,14,15 ms × 1.25: the median is 13 × 1.25.
+    assert!((lat.p50 - 16.25).abs() < 1e-9, "got {}", lat.p50);
+    // Prefill: 8 tokens in 8 ms.
+    assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
+    assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
+    // Roofline: 1e8 bytes per step × steps/s ÷ 20 GB/s (2 threads).
+    let steps_per_sec = tg.median;
+    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 20e9).abs() < 1e-12);
+    assert_eq!(r.roofline.by_threads["2"], 20.0);
+    // Quality once per precision; stage shares from the diagnostic run.
+    assert_eq!(first.quality.as_ref().unwrap().kl_divergence, 0.001);
+    assert_eq!(r.results[2].quality.as_ref().unwrap().kl_divergence, 0.01);
+    assert_eq!(first.stages.as_ref().unwrap()["dot"].share, 0.75);
+}
+
+#[test]
+fn the_report_round_trips_and_validates_against_the_schema() {
+    let r = sweep(None);
+    let text = serde_json::to_string_pretty(&r).unwrap();
+    let back = report::parse(&text, "report.json").unwrap();
+    assert_eq!(back, r);
+    // The committed schema is the one generated from the type.
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/schema.json")).unwrap();
+    assert_eq!(
+        committed,
+        report::schema_json(),
+        "reports/schema.json is stale: run `bitnet-bench schema > reports/schema.json`"
+    );
+}
+
+#[test]
+fn malformed_reports_name_the_field() {
+    let r = sweep(None);
+    let good: serde_json::Value = serde_json::to_value(&r).unwrap();
+    type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(Mutation, &str)> = vec![
+        (Box::new(|v| v["schema_version"] = 99.into()), "schema_version 99"),
+        (
+            Box::new(|v| v["results"][1]["decode"]["tokens_per_sec"]["n"] = "x".into()),
+            "$.results[1].decode.tokens_per_sec.n",
+        ),
+        (
+            Box::new(|v| v["results"][0]["config"].as_object_mut().unwrap().remove("batch").map(|_| ()).unwrap()),
+            "$.results[0].config",
+        ),
+        (
+            Box::new(|v| v["results"][0]["prefill"]["ttft_ms"]["samples"] = serde_json::json!([1.0])),
+            "$.results[0].prefill.ttft_ms",
+        ),
+    ];
+    for (mutate, needle) in cases {
+        let mut v = good.clone();
+        mutate(&mut v);
+        let e = format!("{:#}", report::parse(&v.to_string(), "r.json").unwrap_err());
+        assert!(e.contains("r.json") && e.contains(needle), "expected {needle} in: {e}");
+    }
+    let e = format!("{:#}", report::parse("{\"schema_version\": 1, ", "t.json").unwrap_err());
+    assert!(e.contains("t.json") && e.contains("not valid JSON"), "{e}");
+}
+
+#[test]
+fn an_interrupted_sweep_keeps_every_finished_combination() {
+    // 4 runs per combination (1 warm-up + 3); stop during the 6th run = in combination 2.
+    let r = sweep(Some(6));
+    assert!(!r.complete);
+    assert_eq!(r.results.len(), 1, "only the finished combination is reported");
+    assert_eq!(r.results[0].decode.tokens_per_sec.n, 3);
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(!report::parse(&text, "partial.json").unwrap().complete);
+}
+
+fn golden(name: &str, got: &str) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(got, want, "{name} changed; review and rerun with UPDATE_GOLDEN=1");
+}
+
+#[test]
+fn markdown_and_csv_match_their_golden_files() {
+    let r = sweep(None);
+    golden("sweep.md", &output::markdown(&r));
+    golden("sweep.csv", &output::csv(&r));
+    golden("sweep-table.txt", &output::table(&r));
+}
+
+#[test]
+fn charts_and_page_are_written_for_a_report() {
+    let r = sweep(None);
+    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-{}", std::process::id()));
+    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    for f in [
+        "decode_vs_batch.svg",
+        "latency_vs_context.svg",
+        "kv_bytes.svg",
+        "kv_quality.svg",
+        "stages.svg",
+        "roofline.svg",
+    ] {
+        let svg = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(svg.contains("<svg"), "{f}");
+    }
+    assert_eq!(html.matches("<svg").count(), 6, "every chart inlined: the page needs no other file");
+    assert!(html.contains("decode_tokens_per_sec_median"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn every_schema_field_is_documented_in_reports_readme() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/");
+    let schema: serde_json::Value = serde_json::from_str(&report::schema_json()).unwrap();
+    let readme = std::fs::read_to_string(format!("{root}README.md")).unwrap();
+    let mut objects = vec![("Report".to_string(), &schema)];
+    for (name, d) in schema["$defs"].as_object().unwrap() {
+        objects.push((name.clone(), d));
+    }
+    for (name, d) in objects {
+        assert!(readme.contains(&format!("### `{name}`")), "reports/README.md has no section for {name}");
+        for field in d["properties"].as_object().map(|m| m.keys().collect::<Vec<_>>()).unwrap_or_default() {
+            assert!(readme.contains(&format!("| `{field}` |")), "reports/README.md does not document {name}.{field}");
+        }
+    }
+}

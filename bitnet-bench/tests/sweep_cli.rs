@@ -1,0 +1,176 @@
+//! The model sweep through the binary: an end-to-end sweep on `tiny` whose report validates,
+//! exports, bad input (exit 2, nothing written), `validate`, `schema --check` and
+//! `import-llama-bench` on a real llama-bench JSON.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("bitnet-bench-sweep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = bench().args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn a_tiny_sweep_writes_a_valid_report_and_every_export() {
+    let d = tmp("e2e");
+    let p = |f: &str| d.join(f).to_string_lossy().into_owned();
+    let (code, table, err) = run(&[
+        "--model",
+        "tiny",
+        "--batch-sizes",
+        "1",
+        "2",
+        "--context-lengths",
+        "8,16",
+        "--kv-precisions",
+        "f16",
+        "int4",
+        "--threads",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--warmup",
+        "1",
+        "--repeat",
+        "2",
+        "--quality-positions",
+        "8",
+        "--trace",
+        "--counters",
+        "--json-report",
+        &p("r.json"),
+        "--csv",
+        &p("r.csv"),
+        "--markdown",
+        &p("r.md"),
+        "--plots",
+        &p("plots"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("| tiny") && table.contains("int4"), "{table}");
+    // Not a terminal: one plain line per combination.
+    assert_eq!(err.matches("done: pp").count(), 8, "{err}");
+    let (code, out, err) = run(&["validate", &p("r.json")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("valid") && out.contains("8 results") && out.contains("complete"));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r.json")).unwrap()).unwrap();
+    let res = r["results"].as_array().unwrap();
+    assert_eq!(res.len(), 8);
+    for x in res {
+        assert_eq!(x["decode"]["tokens_per_sec"]["samples"].as_array().unwrap().len(), 2);
+        assert_eq!(x["decode"]["latency_ms"]["samples"].as_array().unwrap().len(), 8);
+        assert!(x["memory"]["kv_cache_bytes"].as_u64().unwrap() > 0);
+        assert!(x["stages"]["unpack_dot"]["share"].as_f64().unwrap() > 0.0, "{}", x["stages"]);
+        assert!(x["counters"].is_object());
+        assert!(x["quality"]["top1_agreement"].as_f64().is_some());
+    }
+    // int4 KV is smaller than f16 KV, exactly as the engine counts it.
+    let kv = |prec: &str, b: u64| {
+        res.iter()
+            .find(|x| {
+                x["config"]["kv_precision"] == prec && x["config"]["batch"] == b && x["config"]["context_length"] == 16
+            })
+            .unwrap()["memory"]["kv_cache_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(kv("int4", 2) < kv("f16", 2) && kv("f16", 2) == 2 * kv("f16", 1));
+    assert_eq!(r["complete"], true);
+    assert!(r["tool"]["git_commit"].is_string() || r["tool"]["git_commit"].is_null());
+    assert!(std::fs::read_to_string(d.join("r.csv")).unwrap().lines().count() == 9);
+    assert!(std::fs::read_to_string(d.join("r.md")).unwrap().starts_with("### bitnet-bench: tiny"));
+    assert!(std::fs::read_to_string(d.join("plots/index.html")).unwrap().contains("<svg"));
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
+    let d = tmp("bad");
+    let out = d.join("r.json");
+    let o = out.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--model", "no-such-preset"], "--model no-such-preset"),
+        (vec!["--model", "tiny", "--kv-precisions", "f16", "int3"], "--kv-precisions int3"),
+        (vec!["--model", "tiny", "--kernels", "nope"], "--kernels nope"),
+        (vec!["--model", "tiny", "--batch-sizes", "0"], "--batch-sizes"),
+        (vec!["--model", "tiny", "--batch-sizes", "-2"], "--batch-sizes"),
+        (vec!["--model", "tiny", "--context-lengths", "300"], "--context-lengths 300"),
+        (vec!["--model", "tiny", "--repeat", "0"], "--repeat"),
+        (vec!["--model", "/nonexistent/x.gguf"], "/nonexistent/x.gguf"),
+        (vec!["--model", "tiny", "--batch-sizes", "2000000", "--context-lengths", "200"], "available"),
+    ];
+    for (mut args, needle) in cases {
+        args.extend(["--json-report", o, "--quick", "--quiet"]);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: expected {needle:?} in {err}");
+        assert!(!out.exists(), "{args:?} wrote a report");
+    }
+    // An invalid GGUF file.
+    let bad = d.join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let (code, _, err) = run(&["--model", bad.to_str().unwrap(), "--quick", "--json-report", o]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bad.gguf"), "{err}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn validate_rejects_broken_reports_and_schema_check_works() {
+    let d = tmp("validate");
+    std::fs::write(d.join("t.json"), b"{\"schema_version\": 1, \"results\": [").unwrap();
+    let (code, _, err) = run(&["validate", d.join("t.json").to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("t.json") && err.contains("JSON"), "{err}");
+    let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/schema.json");
+    let (code, _, err) = run(&["schema", "--check", schema]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(d.join("old.json"), b"{}").unwrap();
+    let (code, _, err) = run(&["schema", "--check", d.join("old.json").to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("regenerate"), "{err}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn llama_bench_json_imports_into_a_valid_report() {
+    let d = tmp("import");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/llama-bench-large-tq2.json");
+    let out = d.join("lb.json");
+    let (code, _, err) = run(&["import-llama-bench", src, "--json-report", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["validate", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(r["tool"]["name"], "llama-bench");
+    assert_eq!(r["model"]["weight_format"], "tq2_0");
+    let x = &r["results"][0];
+    assert_eq!(x["config"]["context_length"], 32);
+    assert_eq!(x["config"]["threads"], 2);
+    assert_eq!(x["config"]["kv_precision"], "f16");
+    // The samples are llama-bench's own.
+    let src_json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    assert_eq!(x["prefill"]["tokens_per_sec"]["samples"], src_json[0]["samples_ts"]);
+    assert_eq!(x["decode"]["tokens_per_sec"]["samples"], src_json[1]["samples_ts"]);
+    // Not llama-bench output.
+    let (code, _, err) = run(&["import-llama-bench", out.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("llama-bench"), "{err}");
+    let _ = std::fs::remove_dir_all(d);
+}
