@@ -174,3 +174,58 @@ fn llama_bench_json_imports_into_a_valid_report() {
     assert!(err.contains("llama-bench"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn ctrl_c_writes_the_finished_combinations_and_marks_the_report_incomplete() {
+    use std::io::{BufRead, BufReader};
+    let d = tmp("sigint");
+    let out = d.join("r.json");
+    let mut child = bench()
+        .args([
+            "--model",
+            "tiny",
+            "--batch-sizes",
+            "1-64*2",
+            "--context-lengths",
+            "8",
+            "16",
+            "32",
+            "--kv-precisions",
+            "f16",
+        ])
+        .args([
+            "--max-new-tokens",
+            "8",
+            "--repeat",
+            "3",
+            "--quality-positions",
+            "0",
+            "--json-report",
+            out.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    // Wait for the first finished combination, then interrupt.
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("done:") {
+        line.clear();
+    }
+    let ok = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(ok.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(r["complete"], false, "{rest}");
+    let n = r["results"].as_array().unwrap().len();
+    assert!((1..21).contains(&n), "{n} finished combinations of 21");
+    assert!(rest.contains("interrupted"), "{rest}");
+    let (code, out_text, e) = run(&["validate", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{e}");
+    assert!(out_text.contains("incomplete"));
+    let _ = std::fs::remove_dir_all(d);
+}
