@@ -113,6 +113,14 @@ enum Command {
         #[arg(long)]
         check: Option<PathBuf>,
     },
+    /// Merge reports of the same build and model (e.g. interleaved CI runs) into one: equal
+    /// configurations pool their samples.
+    Merge {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long = "json-report", required = true)]
+        json_report: PathBuf,
+    },
     /// Convert llama.cpp's `llama-bench -o json` output into our report format.
     ImportLlamaBench {
         file: PathBuf,
@@ -281,6 +289,16 @@ fn run(cli: Cli) -> Result<()> {
                     eprintln!("{}: current", f.display());
                 }
             }
+            return Ok(());
+        }
+        Some(Command::Merge { files, json_report }) => {
+            let reports = files
+                .iter()
+                .map(|f| report::load(f).map(|r| (f.display().to_string(), r)))
+                .collect::<Result<Vec<_>>>()?;
+            let merged = report::merge(&reports)?;
+            report::write_atomic(&json_report, (serde_json::to_string_pretty(&merged)? + "\n").as_bytes())?;
+            eprintln!("bitnet-bench: merged {} reports into {}", files.len(), json_report.display());
             return Ok(());
         }
         Some(Command::ImportLlamaBench { file, json_report }) => {

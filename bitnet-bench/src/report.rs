@@ -291,3 +291,56 @@ pub fn check(r: &Report) -> Result<()> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::model_cmds::write_atomic(path, bytes)
 }
+
+/// Merges reports of the same build, model and machine (e.g. interleaved runs of a CI job)
+/// into one: the samples of equal configurations are concatenated and their statistics
+/// recomputed; a configuration present in only some reports keeps the samples it has.
+pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
+    let Some((first_name, first)) = reports.first() else { bail!("merge: no reports given") };
+    let mut out = first.clone();
+    for (name, r) in &reports[1..] {
+        if r.model.name != first.model.name || r.tool.git_commit != first.tool.git_commit {
+            bail!(
+                "{name}: model {} at commit {:?} cannot be merged with {first_name} (model {} at commit {:?})",
+                r.model.name,
+                r.tool.git_commit,
+                first.model.name,
+                first.tool.git_commit
+            );
+        }
+        if r.settings.max_new_tokens != first.settings.max_new_tokens {
+            bail!("{name}: settings.max_new_tokens differs from {first_name}'s");
+        }
+        out.complete &= r.complete;
+        out.settings.repeat += r.settings.repeat;
+        for x in &r.results {
+            match out.results.iter_mut().find(|o| o.config == x.config) {
+                None => out.results.push(x.clone()),
+                Some(o) => {
+                    let cat = |a: &Stat, b: &Stat| Stat::of(&[a.samples.clone(), b.samples.clone()].concat());
+                    o.prefill.tokens_per_sec = cat(&o.prefill.tokens_per_sec, &x.prefill.tokens_per_sec);
+                    o.prefill.ttft_ms = cat(&o.prefill.ttft_ms, &x.prefill.ttft_ms);
+                    o.decode.tokens_per_sec = cat(&o.decode.tokens_per_sec, &x.decode.tokens_per_sec);
+                    let lat = [o.decode.latency_ms.samples.clone(), x.decode.latency_ms.samples.clone()].concat();
+                    o.decode.latency_ms = Latency {
+                        p50: crate::stats::percentile(&lat, 50.0),
+                        p90: crate::stats::percentile(&lat, 90.0),
+                        p95: crate::stats::percentile(&lat, 95.0),
+                        p99: crate::stats::percentile(&lat, 99.0),
+                        samples: lat,
+                    };
+                    o.memory.peak_rss_bytes = o.memory.peak_rss_bytes.max(x.memory.peak_rss_bytes);
+                }
+            }
+        }
+    }
+    // The roofline fraction follows the merged median.
+    for o in &mut out.results {
+        let bw = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
+        if bw > 0.0 {
+            o.decode.roofline_fraction =
+                o.decode.bytes_per_step as f64 * o.decode.tokens_per_sec.median / o.config.batch as f64 / (bw * 1e9);
+        }
+    }
+    Ok(out)
+}

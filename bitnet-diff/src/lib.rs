@@ -1,3 +1,11 @@
 //! `bitnet-diff`: statistically sound comparison of `bitnet-bench` reports for CI gating.
-//! Not built yet: it needs the report format of `bitnet-bench`; see the tracker issue
-//! "bitnet-diff: statistically sound regression gating".
+//!
+//! - [`compare`]: pairing by configuration and the per-metric decision;
+//! - [`stats`]: the seeded bootstrap, Welch's test and the functions they need;
+//! - [`render`]: text, Markdown and JSON.
+
+pub mod compare;
+pub mod render;
+pub mod stats;
+
+pub use compare::{compare, Comparison, Verdict};

@@ -1,0 +1,329 @@
+//! Pairing two reports by configuration and deciding, per metric, whether it regressed.
+//!
+//! The decision works on the log of the ratio of medians, `d = ln(median(new) / median(base))`,
+//! with the threshold `τ = ln(1 + threshold)`, so that swapping BASE and NEW turns every
+//! regression into an improvement with exactly mirrored figures:
+//! - `regression`: Welch's test on the log samples is significant (p < 0.05) and the whole 95%
+//!   bootstrap interval of `d` lies beyond τ in the bad direction; `improvement` symmetrically;
+//! - `unchanged`: the interval lies inside ±τ;
+//! - `inconclusive` otherwise, with the repetitions that would likely settle it;
+//! - one sample on either side: a plain threshold on `d`, said so in the note.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use bitnet_bench::report::{BenchResult, Config, Report};
+use serde::Serialize;
+
+use crate::stats::{bootstrap_log_ratio, median, welch_p};
+
+/// Bootstrap resamples per metric.
+pub const RESAMPLES: usize = 4000;
+/// Significance level of the test.
+pub const ALPHA: f64 = 0.05;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// A metric that can be compared.
+#[derive(Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub better: Better,
+    pub samples: fn(&BenchResult) -> Option<Vec<f64>>,
+}
+
+/// Every metric `--metrics` accepts.
+pub fn metrics() -> Vec<Metric> {
+    vec![
+        Metric {
+            name: "decode.tokens_per_sec",
+            better: Better::Higher,
+            samples: |r| Some(r.decode.tokens_per_sec.samples.clone()),
+        },
+        Metric {
+            name: "prefill.tokens_per_sec",
+            better: Better::Higher,
+            samples: |r| Some(r.prefill.tokens_per_sec.samples.clone()),
+        },
+        Metric { name: "prefill.ttft_ms", better: Better::Lower, samples: |r| Some(r.prefill.ttft_ms.samples.clone()) },
+        Metric {
+            name: "decode.latency_ms",
+            better: Better::Lower,
+            samples: |r| Some(r.decode.latency_ms.samples.clone()),
+        },
+        Metric {
+            name: "decode.roofline_fraction",
+            better: Better::Higher,
+            samples: |r| Some(vec![r.decode.roofline_fraction]),
+        },
+        Metric {
+            name: "memory.kv_cache_bytes",
+            better: Better::Lower,
+            samples: |r| Some(vec![r.memory.kv_cache_bytes as f64]),
+        },
+        Metric {
+            name: "memory.peak_rss_bytes",
+            better: Better::Lower,
+            samples: |r| r.memory.peak_rss_bytes.map(|b| vec![b as f64]),
+        },
+        Metric {
+            name: "quality.kl_divergence",
+            better: Better::Lower,
+            samples: |r| r.quality.as_ref().map(|q| vec![q.kl_divergence]),
+        },
+    ]
+}
+
+/// Metrics compared when `--metrics` is not given: the per-run throughputs and TTFT (decode
+/// step latencies within a run are correlated, so they are opt-in).
+pub const DEFAULT_METRICS: [&str; 3] = ["decode.tokens_per_sec", "prefill.tokens_per_sec", "prefill.ttft_ms"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Regression,
+    Improvement,
+    Unchanged,
+    Inconclusive,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Regression => "regression",
+            Verdict::Improvement => "improvement",
+            Verdict::Unchanged => "unchanged",
+            Verdict::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricDiff {
+    pub metric: String,
+    pub better: Better,
+    pub base_median: f64,
+    pub new_median: f64,
+    pub n_base: usize,
+    pub n_new: usize,
+    /// median(new) / median(base) − 1.
+    pub change: f64,
+    /// The 95% bootstrap interval of `change` (equal to it with one sample per side).
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// Welch's two-sided p-value on the log samples; null with fewer than 2 samples a side.
+    pub p_value: Option<f64>,
+    pub verdict: Verdict,
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigDiff {
+    pub config: Config,
+    pub metrics: Vec<MetricDiff>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub regressions: usize,
+    pub improvements: usize,
+    pub unchanged: usize,
+    pub inconclusive: usize,
+}
+
+impl Counts {
+    /// "2 regressions, 1 improvement, 14 unchanged, 1 inconclusive".
+    pub fn line(&self) -> String {
+        let p = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        format!(
+            "{}, {}, {} unchanged, {} inconclusive",
+            p(self.regressions, "regression", "regressions"),
+            p(self.improvements, "improvement", "improvements"),
+            self.unchanged,
+            self.inconclusive
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub base: String,
+    pub new: String,
+    pub threshold: f64,
+    pub metrics: Vec<String>,
+    pub counts: Counts,
+    pub pairs: Vec<ConfigDiff>,
+    /// Configurations only in NEW / only in BASE.
+    pub added: Vec<Config>,
+    pub removed: Vec<Config>,
+    pub env_warnings: Vec<String>,
+}
+
+/// Compares one metric's samples.
+pub fn decide(
+    base: &[f64],
+    new: &[f64],
+    better: Better,
+    threshold: f64,
+    seed: u64,
+) -> (f64, f64, f64, Option<f64>, Verdict, Option<String>) {
+    let tau = (1.0 + threshold).ln();
+    let sign = if better == Better::Higher { 1.0 } else { -1.0 };
+    if base.len() < 2 || new.len() < 2 {
+        let d = median(new).ln() - median(base).ln();
+        let g = sign * d;
+        let v = if g < -tau {
+            Verdict::Regression
+        } else if g > tau {
+            Verdict::Improvement
+        } else {
+            Verdict::Unchanged
+        };
+        let note = format!("{} sample(s) vs {}: plain threshold, no statistics", base.len(), new.len());
+        return (d, d, d, None, v, Some(note));
+    }
+    let (d, lo, hi) = bootstrap_log_ratio(base, new, RESAMPLES, seed);
+    let logs = |v: &[f64]| v.iter().map(|x| x.ln()).collect::<Vec<_>>();
+    let p = welch_p(&logs(base), &logs(new));
+    let (g_lo, g_hi) = if sign > 0.0 { (lo, hi) } else { (-hi, -lo) };
+    let significant = p < ALPHA;
+    let (verdict, note) = if significant && g_hi < -tau {
+        (Verdict::Regression, None)
+    } else if significant && g_lo > tau {
+        (Verdict::Improvement, None)
+    } else if g_lo > -tau && g_hi < tau {
+        (Verdict::Unchanged, None)
+    } else {
+        let g = sign * d;
+        let half = (g_hi - g_lo) / 2.0;
+        let margin = (g.abs() - tau).abs();
+        let n = base.len().max(new.len());
+        let hint = if margin < 1e-3 {
+            "the change sits at the threshold: more repetitions will not settle it".to_string()
+        } else {
+            let need = ((n as f64) * (half / margin).powi(2)).ceil() as usize;
+            format!("about {} repetitions per side (now {n}) would likely settle it", need.max(n + 1))
+        };
+        (Verdict::Inconclusive, Some(hint))
+    };
+    (d, lo, hi, Some(p), verdict, note)
+}
+
+/// Which environment differences make two reports hard to compare.
+pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
+    let mut w = Vec::new();
+    let mut diff = |what: &str, x: String, y: String| {
+        if x != y {
+            w.push(format!("{what} differs: {x} vs {y}"));
+        }
+    };
+    diff("CPU model", a.system.cpu_model.clone(), b.system.cpu_model.clone());
+    diff("physical cores", a.system.physical_cores.to_string(), b.system.physical_cores.to_string());
+    diff("logical CPUs", a.system.logical_cpus.to_string(), b.system.logical_cpus.to_string());
+    diff("ISA", a.system.isa.join(","), b.system.isa.join(","));
+    diff("model", a.model.name.clone(), b.model.name.clone());
+    diff("schema version", a.schema_version.to_string(), b.schema_version.to_string());
+    let threads = |r: &Report| {
+        let mut t: Vec<usize> = r.results.iter().map(|x| x.config.threads).collect();
+        t.sort();
+        t.dedup();
+        format!("{t:?}")
+    };
+    diff("thread counts", threads(a), threads(b));
+    w
+}
+
+/// Compares NEW against BASE on `metric_names`.
+pub fn compare(
+    base: &Report,
+    new: &Report,
+    names: (&str, &str),
+    metric_names: &[String],
+    threshold: f64,
+    seed: u64,
+) -> Result<Comparison> {
+    if !(threshold > 0.0 && threshold < 1.0) {
+        bail!("--threshold must be between 0% and 100% (exclusive)");
+    }
+    let all = metrics();
+    let mut chosen = Vec::new();
+    for m in metric_names {
+        match all.iter().find(|x| x.name == m) {
+            Some(x) => chosen.push(*x),
+            None => bail!(
+                "--metrics {m}: unknown metric (known: {})",
+                all.iter().map(|x| x.name).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+    for (r, name) in [(base, names.0), (new, names.1)] {
+        if r.results.is_empty() {
+            bail!("{name}: $.results is empty: nothing to compare");
+        }
+    }
+    let index = |r: &Report| -> BTreeMap<Config, BenchResult> {
+        r.results.iter().map(|x| (x.config.clone(), x.clone())).collect()
+    };
+    let (bi, ni) = (index(base), index(new));
+    let added: Vec<Config> = ni.keys().filter(|c| !bi.contains_key(*c)).cloned().collect();
+    let removed: Vec<Config> = bi.keys().filter(|c| !ni.contains_key(*c)).cloned().collect();
+    let mut pairs = Vec::new();
+    let mut counts = Counts::default();
+    for (cfg, b) in &bi {
+        let Some(n) = ni.get(cfg) else { continue };
+        let mut ms = Vec::new();
+        for m in &chosen {
+            let (Some(sb), Some(sn)) = ((m.samples)(b), (m.samples)(n)) else { continue };
+            if sb.is_empty() || sn.is_empty() || sb.iter().chain(&sn).any(|v| !(v.is_finite() && *v > 0.0)) {
+                continue; // zero or missing values (e.g. an imported report's roofline) cannot be ratioed
+            }
+            let (d, lo, hi, p, verdict, note) = decide(&sb, &sn, m.better, threshold, seed);
+            match verdict {
+                Verdict::Regression => counts.regressions += 1,
+                Verdict::Improvement => counts.improvements += 1,
+                Verdict::Unchanged => counts.unchanged += 1,
+                Verdict::Inconclusive => counts.inconclusive += 1,
+            }
+            ms.push(MetricDiff {
+                metric: m.name.into(),
+                better: m.better,
+                base_median: median(&sb),
+                new_median: median(&sn),
+                n_base: sb.len(),
+                n_new: sn.len(),
+                change: d.exp() - 1.0,
+                ci_low: lo.exp() - 1.0,
+                ci_high: hi.exp() - 1.0,
+                p_value: p,
+                verdict,
+                note,
+            });
+        }
+        pairs.push(ConfigDiff { config: cfg.clone(), metrics: ms });
+    }
+    if pairs.is_empty() {
+        bail!(
+            "{} and {}: no configuration in common ({} only in the first, {} only in the second)",
+            names.0,
+            names.1,
+            removed.len(),
+            added.len()
+        );
+    }
+    Ok(Comparison {
+        base: names.0.into(),
+        new: names.1.into(),
+        threshold,
+        metrics: chosen.iter().map(|m| m.name.to_string()).collect(),
+        counts,
+        pairs,
+        added,
+        removed,
+        env_warnings: environment_differences(base, new),
+    })
+}

@@ -1,0 +1,103 @@
+//! The comparison as a terminal table, Markdown (summary line first, for PR comments and job
+//! summaries) and JSON.
+
+use std::fmt::Write;
+
+use bitnet_bench::report::Config;
+
+use crate::compare::{Comparison, MetricDiff};
+
+fn cfg(c: &Config) -> String {
+    format!(
+        "{} {}/{} B={} ctx={} kv={} t={}",
+        c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
+    )
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.1}%", x * 100.0)
+}
+
+fn row(c: &Config, m: &MetricDiff) -> [String; 8] {
+    [
+        cfg(c),
+        m.metric.clone(),
+        format!("{:.4}", m.base_median),
+        format!("{:.4}", m.new_median),
+        pct(m.change),
+        if m.p_value.is_some() { format!("[{}, {}]", pct(m.ci_low), pct(m.ci_high)) } else { "-".into() },
+        m.p_value.map_or("-".into(), |p| format!("{p:.3}")),
+        match &m.note {
+            Some(n) => format!("{} ({n})", m.verdict.name()),
+            None => m.verdict.name().to_string(),
+        },
+    ]
+}
+
+const HEAD: [&str; 8] = ["configuration", "metric", "base", "new", "change", "95% CI", "p", "verdict"];
+
+fn table(c: &Comparison) -> String {
+    let rows: Vec<[String; 8]> =
+        c.pairs.iter().flat_map(|p| p.metrics.iter().map(move |m| row(&p.config, m))).collect();
+    let mut w = HEAD.map(str::len);
+    for r in &rows {
+        for (i, x) in r.iter().enumerate() {
+            w[i] = w[i].max(x.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells.iter().enumerate().map(|(i, x)| format!("{x:<width$}", width = w[i])).collect();
+        format!("| {} |", parts.join(" | "))
+    };
+    let mut o = String::new();
+    let _ = writeln!(o, "{}", line(&HEAD.map(String::from)));
+    let _ = writeln!(o, "|{}|", w.iter().map(|n| "-".repeat(n + 2)).collect::<Vec<_>>().join("|"));
+    for r in &rows {
+        let _ = writeln!(o, "{}", line(r));
+    }
+    o
+}
+
+fn footer(c: &Comparison, o: &mut String, md: bool) {
+    let bullet = if md { "- " } else { "  " };
+    if !c.added.is_empty() {
+        let _ = writeln!(o, "\nadded (only in {}):", c.new);
+        for x in &c.added {
+            let _ = writeln!(o, "{bullet}{}", cfg(x));
+        }
+    }
+    if !c.removed.is_empty() {
+        let _ = writeln!(o, "\nremoved (only in {}):", c.base);
+        for x in &c.removed {
+            let _ = writeln!(o, "{bullet}{}", cfg(x));
+        }
+    }
+    for w in &c.env_warnings {
+        let _ = writeln!(o, "\nwarning: {w}");
+    }
+}
+
+fn method(c: &Comparison) -> String {
+    format!(
+        "threshold ±{:.1}% (symmetric in log ratio); 95% bootstrap CI of the change in medians; Welch's t-test on log samples, p < 0.05",
+        c.threshold * 100.0
+    )
+}
+
+pub fn text(c: &Comparison) -> String {
+    let mut o = format!("bitnet-diff: {} → {}\n{}\n{}\n\n", c.base, c.new, c.counts.line(), method(c));
+    o.push_str(&table(c));
+    footer(c, &mut o, false);
+    o
+}
+
+pub fn markdown(c: &Comparison) -> String {
+    let mut o = format!("**{}**\n\n`{}` → `{}`; {}\n\n", c.counts.line(), c.base, c.new, method(c));
+    o.push_str(&table(c));
+    footer(c, &mut o, true);
+    o
+}
+
+pub fn json(c: &Comparison) -> String {
+    serde_json::to_string_pretty(c).expect("a comparison serializes") + "\n"
+}

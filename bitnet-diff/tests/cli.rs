@@ -1,0 +1,144 @@
+//! The `bitnet-diff` binary: exit codes, formats, environment checks and malformed input.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("bitnet-diff-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_bitnet-diff")).args(args).output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+/// A copy of a fixture with `edit` applied to its JSON.
+fn edited(dir: &std::path::Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data("quiet.json")).unwrap()).unwrap();
+    edit(&mut v);
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn scale_samples(v: &mut serde_json::Value, f: f64) {
+    for r in v["results"].as_array_mut().unwrap() {
+        let s = &mut r["decode"]["tokens_per_sec"];
+        let samples: Vec<f64> = s["samples"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() * f).collect();
+        let st = bitnet_bench::stats::Stat::of(&samples);
+        *s = serde_json::to_value(st).unwrap();
+    }
+}
+
+#[test]
+fn exit_codes_and_formats() {
+    let d = tmp("codes");
+    let (code, out, err) = run(&[&data("aa-a1.json"), &data("aa-a2.json")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("0 regressions"), "{out}");
+    // 25% slower decode: resolved even in the noisiest configuration of quiet.json.
+    let slow = edited(&d, "slow.json", |v| scale_samples(v, 0.75));
+    let quiet = data("quiet.json");
+    let (code, out, _) = run(&[&quiet, &slow, "--format", "markdown"]);
+    assert_eq!(code, 1, "{out}");
+    let first = out.lines().next().unwrap();
+    assert!(first.starts_with("**4 regressions,"), "summary line first: {first}");
+    let (code, _, _) = run(&[&quiet, &slow, "--fail-on", "never"]);
+    assert_eq!(code, 0);
+    let out_file = d.join("diff.json");
+    let (code, _, _) = run(&[
+        &quiet,
+        &slow,
+        "--format",
+        "json",
+        "--output",
+        out_file.to_str().unwrap(),
+        "--metrics",
+        "decode.tokens_per_sec",
+    ]);
+    assert_eq!(code, 1);
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
+    assert_eq!(j["counts"]["regressions"], 4);
+    assert_eq!(j["pairs"][0]["metrics"][0]["verdict"], "regression");
+    // Swapped: the same changes are improvements.
+    let (code, out, _) = run(&[&slow, &quiet]);
+    assert_eq!(code, 0);
+    assert!(out.contains("4 improvements"), "{out}");
+}
+
+#[test]
+fn added_removed_and_environment() {
+    let d = tmp("env");
+    let fewer = edited(&d, "fewer.json", |v| {
+        v["results"].as_array_mut().unwrap().pop();
+    });
+    let (code, out, _) = run(&[&data("quiet.json"), &fewer]);
+    assert_eq!(code, 0);
+    assert!(out.contains("removed (only in"), "{out}");
+    let other_cpu = edited(&d, "cpu.json", |v| v["system"]["cpu_model"] = "Other CPU".into());
+    let (code, _, err) = run(&[&data("quiet.json"), &other_cpu]);
+    assert_eq!(code, 0);
+    assert!(err.contains("warning: CPU model differs"), "{err}");
+    let (code, _, err) = run(&[&data("quiet.json"), &other_cpu, "--strict-env"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--strict-env") && err.contains("CPU model"), "{err}");
+    let other_model = edited(&d, "model.json", |v| {
+        for r in v["results"].as_array_mut().unwrap() {
+            r["config"]["model"] = "other".into();
+        }
+    });
+    let (code, _, err) = run(&[&data("quiet.json"), &other_model]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no configuration in common"), "{err}");
+}
+
+#[test]
+fn malformed_inputs_exit_2_with_the_file_and_json_path() {
+    let d = tmp("bad");
+    let text = std::fs::read_to_string(data("quiet.json")).unwrap();
+    let trunc = d.join("trunc.json");
+    std::fs::write(&trunc, &text[..text.len() / 2]).unwrap();
+    let nan = d.join("nan.json");
+    std::fs::write(&nan, text.replacen("\"roofline_fraction\": ", "\"roofline_fraction\": NaN, \"x\": ", 1)).unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        (trunc.to_string_lossy().into(), "not valid JSON"),
+        (nan.to_string_lossy().into(), "not valid JSON"),
+        (
+            edited(&d, "type.json", |v| v["results"][2]["prefill"]["ttft_ms"]["median"] = "fast".into()),
+            "$.results[2].prefill.ttft_ms.median",
+        ),
+        (
+            edited(&d, "missing.json", |v| {
+                v["results"][0]["decode"].as_object_mut().unwrap().remove("tokens_per_sec");
+            }),
+            "$.results[0].decode",
+        ),
+        (edited(&d, "empty.json", |v| v["results"] = serde_json::json!([])), "$.results is empty"),
+        (edited(&d, "schema.json", |v| v["schema_version"] = 7.into()), "schema_version 7"),
+        ("/nonexistent/base.json".into(), "/nonexistent/base.json"),
+    ];
+    for (file, needle) in cases {
+        let (code, _, err) = run(&[&file, &data("aa-a2.json")]);
+        assert_eq!(code, 2, "{file}: {err}");
+        assert!(err.contains(&file) || file.starts_with("/nonexistent"), "names the file: {err}");
+        assert!(err.contains(needle), "{file}: expected {needle:?} in {err}");
+    }
+    for bad in [&["--threshold", "abc"][..], &["--threshold", "150%"], &["--metrics", "nope"], &["--format", "xml"]] {
+        let mut args = vec![data("aa-a1.json"), data("aa-a2.json")];
+        args.extend(bad.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+    }
+}
