@@ -4,8 +4,10 @@
 //! - [`stats`], [`report`]: statistics and the versioned JSON report with its schema;
 //! - [`output`]: table, Markdown, CSV; [`plots`]: SVG charts and an offline HTML page;
 //! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
+//! - [`history`]: the SQLite run history (`--db`);
 //! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`.
 
+pub mod history;
 pub mod import;
 pub mod kernel_sweep;
 pub mod listarg;

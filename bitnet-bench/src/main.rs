@@ -94,6 +94,9 @@ struct SweepArgs {
     /// Pin threads to cores.
     #[arg(long)]
     pin: bool,
+    /// Append the report to this SQLite history database (created if missing).
+    #[arg(long)]
+    db: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -588,6 +591,12 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     }
     if let Some(d) = &a.plots {
         bitnet_bench::plots::write_all(&report, d)?;
+    }
+    if let Some(db) = &a.db {
+        let id = bitnet_bench::history::append(db, &report)?;
+        if !quiet {
+            eprintln!("bitnet-bench: appended as run {id} to {}", db.display());
+        }
     }
     if !quiet {
         println!("{}", output::table(&report));

@@ -28,7 +28,12 @@ fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> anyhow::Error + '_ {
 }
 
 /// Lines of `y` against `x`, one per series.
-fn line_chart(title: &str, x_label: &str, y_label: &str, series: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<String> {
+pub fn line_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &BTreeMap<String, Vec<(f64, f64)>>,
+) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();

@@ -60,6 +60,8 @@ fn a_tiny_sweep_writes_a_valid_report_and_every_export() {
         &p("r.md"),
         "--plots",
         &p("plots"),
+        "--db",
+        &p("history.sqlite"),
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(table.contains("| tiny") && table.contains("int4"), "{table}");
@@ -95,6 +97,9 @@ fn a_tiny_sweep_writes_a_valid_report_and_every_export() {
     assert!(std::fs::read_to_string(d.join("r.csv")).unwrap().lines().count() == 9);
     assert!(std::fs::read_to_string(d.join("r.md")).unwrap().starts_with("### bitnet-bench: tiny"));
     assert!(std::fs::read_to_string(d.join("plots/index.html")).unwrap().contains("<svg"));
+    let runs = bitnet_bench::history::runs(&d.join("history.sqlite")).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].report.results.len(), 8);
     let _ = std::fs::remove_dir_all(d);
 }
 

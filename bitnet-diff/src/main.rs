@@ -28,8 +28,28 @@ enum FailOn {
     about = "Compare two bitnet-bench reports and flag regressions (exit 1), for CI"
 )]
 struct Cli {
-    base: PathBuf,
-    new: PathBuf,
+    /// The reference report (or use --db with --base).
+    base: Option<PathBuf>,
+    /// The report to judge (or use --db with --head).
+    new: Option<PathBuf>,
+    /// A bitnet-bench history database (`bitnet-bench --db`).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// With --db: the commit (hash or prefix) of the reference run.
+    #[arg(long = "base", value_name = "REV")]
+    base_rev: Option<String>,
+    /// With --db: the commit of the run to judge.
+    #[arg(long = "head", value_name = "REV")]
+    head_rev: Option<String>,
+    /// With --db: print the trend of --metric over the stored runs.
+    #[arg(long)]
+    history: bool,
+    /// The metric of --history (default decode.tokens_per_sec).
+    #[arg(long, default_value = "decode.tokens_per_sec")]
+    metric: String,
+    /// With --history: also draw the trend as an SVG chart.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Smallest change that matters, e.g. 5% or 0.05.
     #[arg(long, default_value = "5%")]
     threshold: String,
@@ -86,14 +106,28 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     let threshold = parse_threshold(&cli.threshold)?;
-    let base = bitnet_bench::report::load(&cli.base)?;
-    let new = bitnet_bench::report::load(&cli.new)?;
+    if cli.history {
+        let db = cli.db.as_ref().context("--history needs --db FILE")?;
+        return history(db, &cli.metric, cli.plot.as_deref());
+    }
+    let (base, new, names) = match (&cli.db, &cli.base, &cli.new, &cli.base_rev, &cli.head_rev) {
+        (Some(db), None, None, Some(b), Some(h)) => (
+            bitnet_bench::history::latest_of(db, b).with_context(|| format!("--base {b}"))?,
+            bitnet_bench::history::latest_of(db, h).with_context(|| format!("--head {h}"))?,
+            (format!("{}@{b}", db.display()), format!("{}@{h}", db.display())),
+        ),
+        (None, Some(b), Some(n), None, None) => (
+            bitnet_bench::report::load(b)?,
+            bitnet_bench::report::load(n)?,
+            (b.display().to_string(), n.display().to_string()),
+        ),
+        _ => bail!("give BASE.json NEW.json, or --db FILE --base REV --head REV, or --db FILE --history"),
+    };
     let metrics: Vec<String> = if cli.metrics.is_empty() {
         compare::DEFAULT_METRICS.iter().map(|s| s.to_string()).collect()
     } else {
         cli.metrics.clone()
     };
-    let names = (cli.base.display().to_string(), cli.new.display().to_string());
     let c = compare::compare(&base, &new, (&names.0, &names.1), &metrics, threshold, cli.seed)?;
     if cli.strict_env && !c.env_warnings.is_empty() {
         bail!("--strict-env: the reports were measured in different environments: {}", c.env_warnings.join("; "));
@@ -116,4 +150,45 @@ fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Prints the trend of `metric` (its median) over the stored runs, one line per run and
+/// configuration; with `plot`, draws it (a line per configuration).
+fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -> Result<ExitCode> {
+    let m = compare::metrics()
+        .into_iter()
+        .find(|m| m.name == metric)
+        .with_context(|| format!("--metric {metric}: unknown metric"))?;
+    let runs = bitnet_bench::history::runs(db)?;
+    if runs.is_empty() {
+        bail!("--db {}: no runs stored yet", db.display());
+    }
+    println!("{metric} (median) over {} runs of {}", runs.len(), db.display());
+    println!("| run | created_at | commit | configuration | {metric} |");
+    println!("|---|---|---|---|---|");
+    let mut series: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+    for (i, r) in runs.iter().enumerate() {
+        let commit = r.report.tool.git_commit.as_deref().map_or("-".to_string(), |c| c.chars().take(10).collect());
+        for x in &r.report.results {
+            let Some(s) = (m.samples)(x) else { continue };
+            if s.is_empty() {
+                continue;
+            }
+            let med = bitnet_diff::stats::median(&s);
+            let c = &x.config;
+            let cfg = format!(
+                "{}/{} B={} ctx={} kv={} t={}",
+                c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
+            );
+            println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
+            series.entry(cfg).or_default().push((i as f64, med));
+        }
+    }
+    if let Some(p) = plot {
+        let svg =
+            bitnet_bench::plots::line_chart(&format!("{metric} over runs"), "run (oldest first)", metric, &series)?;
+        bitnet_bench::report::write_atomic(p, svg.as_bytes()).with_context(|| format!("--plot {}", p.display()))?;
+        eprintln!("bitnet-diff: wrote {}", p.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }

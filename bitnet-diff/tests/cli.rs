@@ -142,3 +142,37 @@ fn malformed_inputs_exit_2_with_the_file_and_json_path() {
         assert_eq!(code, 2, "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn history_database_compares_commits_and_prints_a_trend() {
+    let d = tmp("db");
+    let db = d.join("history.sqlite");
+    let quiet = bitnet_bench::report::load(std::path::Path::new(&data("quiet.json"))).unwrap();
+    for (commit, f) in [("aaaa1111", 1.0), ("bbbb2222", 0.75), ("cccc3333", 0.8)] {
+        let mut r = quiet.clone();
+        r.tool.git_commit = Some(commit.into());
+        for x in &mut r.results {
+            let s: Vec<f64> = x.decode.tokens_per_sec.samples.iter().map(|v| v * f).collect();
+            x.decode.tokens_per_sec = bitnet_bench::stats::Stat::of(&s);
+        }
+        bitnet_bench::history::append(&db, &r).unwrap();
+    }
+    let dbs = db.to_str().unwrap();
+    let (code, out, err) =
+        run(&["--db", dbs, "--base", "aaaa", "--head", "bbbb2222", "--metrics", "decode.tokens_per_sec"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("4 regressions"), "{out}");
+    let svg = d.join("trend.svg");
+    let (code, out, err) =
+        run(&["--db", dbs, "--history", "--metric", "decode.tokens_per_sec", "--plot", svg.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("| ") && l.contains("aaaa1111")).count(), 4, "{out}");
+    assert!(out.contains("cccc3333"));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let (code, _, err) = run(&["--db", dbs, "--base", "dddd", "--head", "aaaa"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no complete run of commit dddd"), "{err}");
+    let (code, _, err) = run(&["--db", dbs]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--db FILE --base REV --head REV"), "{err}");
+}

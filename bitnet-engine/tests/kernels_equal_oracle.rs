@@ -286,3 +286,41 @@ proptest! {
         }
     }
 }
+
+/// Each split stage run alone (for per-stage counters) does its stage's real work: `dot` alone
+/// over the first tile's codes gives exactly the oracle's outputs for those rows, and every
+/// stage of every family runs and returns a checksum.
+#[test]
+fn split_stages_run_alone() {
+    use bitnet_engine::kernels::SplitStage;
+    for family in [KernelFamily::I2s, KernelFamily::Tq2, KernelFamily::Tq1, KernelFamily::Xnor] {
+        let (n, k, b) = (40, 512, 2);
+        let w = family.native_format().random(n, k, 0.02, 3).unwrap();
+        let mut x = ActivationBatch::new(b, k).unwrap();
+        let v: Vec<f32> = (0..b * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        x.quantize(&v).unwrap();
+        x.build_planes();
+        let mut want = vec![0f32; n * b];
+        Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Fused)
+            .unwrap()
+            .matmul(&w, &x, 0..n, &mut want, &mut KernelScratch::new())
+            .unwrap();
+        for &isa in family.isa_levels().iter().filter(|l| l.is_supported()) {
+            let kernel = Kernel::new(family, isa, KernelForm::Fused).unwrap();
+            for stage in SplitStage::of(family) {
+                let mut s = KernelScratch::new();
+                let mut y = vec![0f32; n * b];
+                let sum = kernel.run_stage_alone(stage, &w, &x, 0..n, &mut y, &mut s).unwrap();
+                assert_ne!(sum, 0, "{family} {isa} {}", stage.name());
+                if stage == SplitStage::Dot {
+                    let first = s.tile_rows(x.padded_cols()).min(n);
+                    assert_eq!(&y[..first * b], &want[..first * b], "{family} {isa}: dot alone on the first tile");
+                }
+            }
+            let other = if family == KernelFamily::Xnor { SplitStage::Unpack } else { SplitStage::Xnor };
+            assert!(kernel
+                .run_stage_alone(other, &w, &x, 0..n, &mut vec![0f32; n * b], &mut KernelScratch::new())
+                .is_err());
+        }
+    }
+}

@@ -13,6 +13,8 @@
 //! reported as missing with the OS error, and the software events (task-clock, page-faults,
 //! context-switches, cpu-migrations) still count.
 
+use std::collections::BTreeMap;
+
 use perf_event::events::{Cache, CacheOp, CacheResult, Event, Hardware, Software, WhichCache};
 use perf_event::{Builder, Counter};
 use serde::{Deserialize, Serialize};
@@ -192,5 +194,113 @@ pub fn derived(values: &[(String, CounterValue)]) -> Vec<(String, f64)> {
     ratio("branch_misses_per_kinstr", get("branch-misses"), get("instructions"), 1e3);
     ratio("l1d_misses_per_kinstr", get("L1-dcache-load-misses"), get("instructions"), 1e3);
     ratio("llc_misses_per_kinstr", get("LLC-load-misses"), get("instructions"), 1e3);
+    out
+}
+
+/// The calling thread's id (for counters on this thread alone).
+pub fn current_tid() -> Option<i32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// One stage's run over a matmul: (scratch, output) → checksum.
+type StageRun<'a> = Box<dyn FnMut(&mut bitnet_engine::KernelScratch, &mut [f32]) -> u64 + 'a>;
+
+/// Counters of one stage run alone: per call, on the calling thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IsolatedStage {
+    /// Linear layer of layer 0 (`q`, `k`, ..., `down`).
+    pub op: String,
+    /// `unpack`, `dot`, `xnor`, `popcount`, or `unpack_dot` (the fused form, for comparison).
+    pub stage: String,
+    pub calls: u64,
+    pub ns_per_call: f64,
+    /// Counter values per call.
+    pub per_call: BTreeMap<String, CounterValue>,
+    /// IPC, miss rates ... where both inputs count.
+    pub derived: BTreeMap<String, f64>,
+}
+
+/// Runs each stage of `kernel` alone on the linear layers of layer 0 (batch `batch`, one
+/// thread: the caller) with counters open on this thread only, so every count belongs to one
+/// stage: the attribution of counters to fine stages. Each is repeated for at least 20 ms.
+pub fn isolated_stages(
+    model: &bitnet_engine::Model,
+    kernel: bitnet_engine::Kernel,
+    batch: usize,
+) -> Vec<IsolatedStage> {
+    use bitnet_engine::kernels::SplitStage;
+    use bitnet_engine::{ActivationBatch, KernelScratch};
+    let Some(tid) = current_tid() else { return Vec::new() };
+    let lw = &model.weights.layers[0];
+    let ops = [
+        ("q", &lw.wq),
+        ("k", &lw.wk),
+        ("v", &lw.wv),
+        ("o", &lw.wo),
+        ("gate", &lw.w_gate),
+        ("up", &lw.w_up),
+        ("down", &lw.w_down),
+    ];
+    let mut out = Vec::new();
+    let mut scratch = KernelScratch::new();
+    for (op, w) in ops {
+        let cols = w.cols();
+        let Ok(mut x) = ActivationBatch::new(batch, cols) else { continue };
+        let mut rng = bitnet_engine::rng::SplitMix64::new(7);
+        let v: Vec<f32> = (0..batch * cols).map(|_| (rng.next_u64() % 2001) as f32 / 1000.0 - 1.0).collect();
+        if x.quantize(&v).is_err() {
+            continue;
+        }
+        if kernel.family() == bitnet_engine::KernelFamily::Xnor {
+            x.build_planes();
+        }
+        let mut y = vec![0f32; w.rows() * batch];
+        let mut runs: Vec<(String, StageRun<'_>)> = Vec::new();
+        for stage in SplitStage::of(kernel.family()) {
+            let x = &x;
+            runs.push((
+                stage.name().into(),
+                Box::new(move |s, y| kernel.run_stage_alone(stage, w, x, 0..w.rows(), y, s).unwrap_or(0)),
+            ));
+        }
+        let xr = &x;
+        let fused = bitnet_engine::Kernel::new(kernel.family(), kernel.isa(), bitnet_engine::KernelForm::Fused);
+        if let Ok(f) = fused {
+            runs.push((
+                "unpack_dot".into(),
+                Box::new(move |s, y| {
+                    let _ = f.matmul(w, xr, 0..w.rows(), y, s);
+                    y[0].to_bits() as u64
+                }),
+            ));
+        }
+        for (stage, mut run) in runs {
+            let mut c = Counters::open(&[tid]);
+            std::hint::black_box(run(&mut scratch, &mut y)); // warm
+            c.delta();
+            let t = std::time::Instant::now();
+            let mut calls = 0u64;
+            while t.elapsed() < std::time::Duration::from_millis(20) {
+                std::hint::black_box(run(&mut scratch, &mut y));
+                calls += 1;
+            }
+            let ns = t.elapsed().as_nanos() as f64 / calls as f64;
+            let per_call: BTreeMap<String, CounterValue> = c
+                .delta()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), CounterValue { value: v.value / calls as f64, scaled: v.scaled }))
+                .collect();
+            let list: Vec<(String, CounterValue)> = per_call.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            out.push(IsolatedStage {
+                op: op.into(),
+                stage,
+                calls,
+                ns_per_call: ns,
+                derived: derived(&list).into_iter().collect(),
+                per_call,
+            });
+        }
+    }
     out
 }

@@ -367,6 +367,8 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
         }
         PprofCheck { samples: s.samples, ok: s.samples >= PPROF_MIN_SAMPLES && rows.iter().all(|r| r.ok), rows }
     });
+    let isolated =
+        if counters.is_some() { crate::counters::isolated_stages(&model, kernel, opts.batch) } else { Vec::new() };
     let counter_report = counters.map(|c| {
         let list: Vec<(String, CounterValue)> = decode_counters.iter().map(|(k, v)| (k.clone(), *v)).collect();
         CounterReport {
@@ -376,6 +378,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             decode_derived: derived(&list).into_iter().collect(),
             decode: decode_counters,
             per_decode_step: per_step,
+            isolated_stages: isolated,
         }
     });
     let decode_tokens = (opts.tokens * opts.batch) as f64;

@@ -124,6 +124,9 @@ pub struct CounterReport {
     /// IPC, miss rates ... of the decode phase, where both inputs count.
     pub decode_derived: BTreeMap<String, f64>,
     pub per_decode_step: Vec<BTreeMap<String, CounterValue>>,
+    /// Each kernel stage run alone on layer 0's linear layers, on one thread, with counters
+    /// on that thread only: the per-stage counters (see `counters`).
+    pub isolated_stages: Vec<crate::counters::IsolatedStage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +292,25 @@ pub fn table(s: &Summary) -> String {
             .map(|(k, v)| format!("{k} {:.0}/step{}", v.value / steps, if v.scaled { " (scaled)" } else { "" }))
             .collect();
         let _ = writeln!(o, "counters (decode, all threads): {}", vals.join(", "));
+        if !cr.isolated_stages.is_empty() {
+            let mut by_stage: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+            for r in &cr.isolated_stages {
+                let e = by_stage.entry(&r.stage).or_default();
+                e.0 += r.ns_per_call;
+                e.1 += r.per_call.get("instructions").map_or(0.0, |v| v.value);
+            }
+            let parts: Vec<String> = by_stage
+                .iter()
+                .map(|(k, (ns, ins))| {
+                    if *ins > 0.0 {
+                        format!("{k} {:.0} µs, {:.2e} instructions", ns / 1e3, ins)
+                    } else {
+                        format!("{k} {:.0} µs", ns / 1e3)
+                    }
+                })
+                .collect();
+            let _ = writeln!(o, "stages alone (layer 0's seven matmuls, one thread): {}", parts.join("; "));
+        }
         if !cr.decode_derived.is_empty() {
             let d: Vec<String> = cr.decode_derived.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
             let _ = writeln!(o, "derived (decode): {}", d.join(", "));

@@ -391,6 +391,85 @@ impl Kernel {
     }
 }
 
+/// One stage of a split kernel, run alone by [`Kernel::run_stage_alone`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SplitStage {
+    Unpack,
+    Dot,
+    Xnor,
+    Popcount,
+}
+
+impl SplitStage {
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitStage::Unpack => "unpack",
+            SplitStage::Dot => "dot",
+            SplitStage::Xnor => "xnor",
+            SplitStage::Popcount => "popcount",
+        }
+    }
+
+    /// The two stages of the split form of `family`.
+    pub fn of(family: KernelFamily) -> [SplitStage; 2] {
+        match family {
+            KernelFamily::Xnor => [SplitStage::Xnor, SplitStage::Popcount],
+            _ => [SplitStage::Unpack, SplitStage::Dot],
+        }
+    }
+}
+
+impl Kernel {
+    /// Runs one stage of this kernel's split form alone over `rows`, so hardware counters can
+    /// be read around a single stage (reading them inside the kernel, per tile, would cost more
+    /// than the tile). `out` receives meaningless values for `dot`/`popcount` (see
+    /// `portable::stage_alone`); the returned checksum keeps the work from being optimised out.
+    pub fn run_stage_alone(
+        &self,
+        stage: SplitStage,
+        w: &PackedWeights,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    ) -> Result<u64> {
+        let split = Kernel { form: KernelForm::Split, ..*self };
+        split.check(w, x, &rows, out)?;
+        if self.family == KernelFamily::Scalar || !SplitStage::of(self.family).contains(&stage) {
+            return Err(Error::Unsupported(format!("kernel {} has no {} stage", self.family, stage.name())));
+        }
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        scratch.ensure(x.padded_cols());
+        Ok(match self.isa {
+            IsaLevel::Scalar => portable::stage_alone(portable::Portable, stage, w, x, rows, out, scratch),
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx2 => portable::stage_alone(
+                x86_avx2::Avx2::new().expect("Kernel::new checked AVX2 support"),
+                stage,
+                w,
+                x,
+                rows,
+                out,
+                scratch,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx512 => portable::stage_alone(
+                x86_avx512::Avx512::new().expect("Kernel::new checked AVX-512 support"),
+                stage,
+                w,
+                x,
+                rows,
+                out,
+                scratch,
+            ),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("Kernel::new only accepts the scalar level off x86-64"),
+        })
+    }
+}
+
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())

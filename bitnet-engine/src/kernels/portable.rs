@@ -224,6 +224,89 @@ fn split_xnor<I: IsaOps>(
     scratch.split_ticks = ticks;
 }
 
+/// Runs one stage of the split form alone over `rows` (for counters per stage: see
+/// [`super::Kernel::run_stage_alone`]). `Unpack`/`Xnor` do only the first stage; `Dot`/`Popcount`
+/// run the second stage over an operand prepared once (the first tile's codes, the first row's
+/// AND words), which stays in L1 as it does in the split form. Returns a checksum so the work
+/// cannot be optimised away.
+pub(crate) fn stage_alone<I: IsaOps>(
+    isa: I,
+    stage: super::SplitStage,
+    w: &PackedWeights,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) -> u64 {
+    use super::SplitStage::*;
+    let batch = x.batch();
+    match (stage, w) {
+        (Unpack | Dot, PackedWeights::I2(_) | PackedWeights::Tq2(_) | PackedWeights::Tq1(_)) => {
+            let stride = x.padded_cols();
+            let tile_rows = scratch.tile_rows(stride);
+            let scales = match w {
+                PackedWeights::I2(m) => TileScales::Tensor(m.scale()),
+                PackedWeights::Tq2(m) => TileScales::Tq2(m),
+                PackedWeights::Tq1(m) => TileScales::Tq1(m),
+                _ => unreachable!(),
+            };
+            let first = rows.start..(rows.start + tile_rows).min(rows.end);
+            if stage == Dot {
+                let tile = &mut scratch.codes.as_mut_slice()[..first.len() * stride];
+                unpack_stage(isa, w, first.clone(), tile, stride);
+            }
+            let mut sum = 0u64;
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let r1 = (r0 + tile_rows).min(rows.end);
+                let o = (r0 - rows.start) * batch;
+                if stage == Unpack {
+                    let tile = &mut scratch.codes.as_mut_slice()[..(r1 - r0) * stride];
+                    unpack_stage(isa, w, r0..r1, tile, stride);
+                    sum = sum.wrapping_add(tile[0] as u64);
+                } else {
+                    // The first tile's codes against these rows' scales (same work per row).
+                    let n = (r1 - r0).min(first.len());
+                    let tile = &scratch.codes.as_slice()[..n * stride];
+                    dot_stage(isa, tile, stride, r0..r0 + n, scales, x, &mut out[o..o + n * batch]);
+                    sum = sum.wrapping_add(out[o].to_bits() as u64);
+                }
+                r0 = r1;
+            }
+            sum
+        }
+        (Xnor | Popcount, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => {
+            let words = x.plane_words();
+            let dst = &mut scratch.words[..ACT_PLANES * 2 * words];
+            let row = |r: usize| match w {
+                PackedWeights::BitPlanes(m) => {
+                    let (mk, sg) = m.row_planes(r);
+                    (Some(mk), sg, m.words())
+                }
+                PackedWeights::Binary(m) => (None, m.row_words(r), m.words()),
+                _ => unreachable!(),
+            };
+            let (mask0, sign0, ww) = row(rows.start);
+            xnor_stage(isa, mask0, sign0, x.planes(0), ww, words, dst);
+            let mut sum = 0u64;
+            for r in rows {
+                for b in 0..batch {
+                    if stage == Xnor {
+                        let (mask, sign, ww) = row(r);
+                        xnor_stage(isa, mask, sign, x.planes(b), ww, words, dst);
+                        sum = sum.wrapping_add(dst[0]);
+                    } else {
+                        let isum = popcount_stage(isa, dst, words, mask0.is_none(), x.plane_counts(b));
+                        sum = sum.wrapping_add(isum as u64);
+                    }
+                }
+            }
+            sum
+        }
+        _ => 0,
+    }
+}
+
 /// Stage `xnor`: AND one row's weight planes with one token's 8 activation planes.
 #[inline(never)]
 fn xnor_stage<I: IsaOps>(
