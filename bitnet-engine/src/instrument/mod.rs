@@ -29,7 +29,7 @@ use std::fmt;
 pub const ENABLED: bool = cfg!(feature = "instrument");
 
 /// One of every this many tiles of a split kernel is timed stage by stage (see module docs).
-pub const TIMED_TILE_EVERY: usize = 8;
+pub const TIMED_TILE_EVERY: usize = 16;
 
 /// What a recorder keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
