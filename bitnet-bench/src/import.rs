@@ -18,7 +18,7 @@ use serde::Deserialize;
 use crate::report::{
     BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Report, Roofline, Settings, Tool, SCHEMA_VERSION,
 };
-use crate::stats::{percentile, Stat};
+use crate::stats::Stat;
 use crate::system::System;
 
 /// The fields of a llama-bench JSON entry that we read.
@@ -99,13 +99,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             },
             decode: Decode {
                 tokens_per_sec: Stat::of(&tg.samples_ts),
-                latency_ms: Latency {
-                    p50: percentile(&token_ms, 50.0),
-                    p90: percentile(&token_ms, 90.0),
-                    p95: percentile(&token_ms, 95.0),
-                    p99: percentile(&token_ms, 99.0),
-                    samples: token_ms,
-                },
+                latency_ms: Latency::of(token_ms),
                 bytes_per_token: 0,
                 bytes_per_step: 0,
                 roofline_fraction: 0.0,

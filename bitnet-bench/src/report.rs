@@ -168,6 +168,20 @@ pub struct Latency {
     pub samples: Vec<f64>,
 }
 
+impl Latency {
+    /// Percentiles of `samples` (ms), which are kept.
+    pub fn of(samples: Vec<f64>) -> Latency {
+        use crate::stats::percentile;
+        Latency {
+            p50: percentile(&samples, 50.0),
+            p90: percentile(&samples, 90.0),
+            p95: percentile(&samples, 95.0),
+            p99: percentile(&samples, 99.0),
+            samples,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Memory {
@@ -322,13 +336,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
                     o.prefill.ttft_ms = cat(&o.prefill.ttft_ms, &x.prefill.ttft_ms);
                     o.decode.tokens_per_sec = cat(&o.decode.tokens_per_sec, &x.decode.tokens_per_sec);
                     let lat = [o.decode.latency_ms.samples.clone(), x.decode.latency_ms.samples.clone()].concat();
-                    o.decode.latency_ms = Latency {
-                        p50: crate::stats::percentile(&lat, 50.0),
-                        p90: crate::stats::percentile(&lat, 90.0),
-                        p95: crate::stats::percentile(&lat, 95.0),
-                        p99: crate::stats::percentile(&lat, 99.0),
-                        samples: lat,
-                    };
+                    o.decode.latency_ms = Latency::of(lat);
                     o.memory.peak_rss_bytes = o.memory.peak_rss_bytes.max(x.memory.peak_rss_bytes);
                 }
             }

@@ -17,7 +17,7 @@ use crate::report::{
     BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Quality, Report, Roofline, Settings, StageShare,
     Tool, SCHEMA_VERSION,
 };
-use crate::stats::{percentile, Stat};
+use crate::stats::Stat;
 use crate::system::{available_memory, fingerprint, peak_rss};
 
 /// What to sweep.
@@ -334,13 +334,7 @@ pub fn summarize(
         prefill: Prefill { tokens_per_sec: Stat::of(&pp), ttft_ms: Stat::of(&ttft) },
         decode: Decode {
             tokens_per_sec: tg_stat,
-            latency_ms: Latency {
-                p50: percentile(&lat, 50.0),
-                p90: percentile(&lat, 90.0),
-                p95: percentile(&lat, 95.0),
-                p99: percentile(&lat, 99.0),
-                samples: lat,
-            },
+            latency_ms: Latency::of(lat),
             bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
             bytes_per_step: prepared.bytes_per_step,
             roofline_fraction: prepared.bytes_per_step as f64 * steps_per_sec / (bandwidth_gbps * 1e9),
