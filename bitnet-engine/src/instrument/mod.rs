@@ -16,8 +16,9 @@
 //! matmul, one attention item, one norm over all rows). The split kernel forms separate
 //! `unpack` from `dot` (and `xnor` from `popcount`) per L1 tile; a tile takes a few hundred
 //! nanoseconds, so timing every tile would cost several percent. Instead every
-//! [`TIMED_TILE_EVERY`]-th tile (identical work) is timed and the whole run's time, measured
-//! exactly, is divided in the sampled ratio. Fused kernels interleave unpack and multiply in
+//! [`TIMED_TILE_EVERY`]-th tile (identical work; at least one per run, at a position that
+//! rotates from run to run so the cold first tile is not favoured) is timed and the whole
+//! run's time, measured exactly, is divided in the sampled ratio. Fused kernels interleave unpack and multiply in
 //! registers; no timer can tell them apart, and they are reported as one stage,
 //! `unpack_dot` (`xnor_popcount` for the fused xnor kernel).
 

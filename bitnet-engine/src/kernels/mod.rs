@@ -185,6 +185,8 @@ pub struct KernelScratch {
     pub(crate) time_stages: bool,
     /// What the split forms measured since [`KernelScratch::take_split_ticks`].
     pub(crate) split_ticks: SplitTicks,
+    /// Rotates which tiles the split forms time (see `portable::sample_positions`).
+    pub(crate) sample_phase: usize,
 }
 
 impl Default for KernelScratch {
@@ -200,6 +202,7 @@ impl KernelScratch {
             words: Vec::new(),
             time_stages: false,
             split_ticks: SplitTicks::default(),
+            sample_phase: 0,
         }
     }
 

@@ -92,12 +92,14 @@ fn split_codes<I: IsaOps>(
     let mut r0 = rows.start;
     let mut ticks = scratch.split_ticks;
     let timing = scratch.time_stages;
+    let (every, phase) = sample_positions(scratch, rows.len().div_ceil(tile_rows));
+    let mut index = 0;
     while r0 < rows.end {
         let r1 = (r0 + tile_rows).min(rows.end);
         let tile = &mut scratch.codes.as_mut_slice()[..(r1 - r0) * stride];
         let o = (r0 - rows.start) * batch;
         let out = &mut out[o..o + (r1 - r0) * batch];
-        if timing && ticks.tiles.is_multiple_of(TIMED_TILE_EVERY as u64) {
+        if timing && index % every == phase {
             let t0 = clock::now();
             unpack_stage(isa, w, r0..r1, tile, stride);
             let t1 = clock::now();
@@ -109,9 +111,21 @@ fn split_codes<I: IsaOps>(
             dot_stage(isa, tile, stride, r0..r1, scales, x, out);
         }
         ticks.tiles += 1;
+        index += 1;
         r0 = r1;
     }
     scratch.split_ticks = ticks;
+}
+
+/// Which tiles of a run are timed: every `every`-th from `phase`. `every` is
+/// [`TIMED_TILE_EVERY`], or the run's tile count if smaller, so every run times at least one
+/// tile; `phase` rotates from run to run, so no tile position (the first, with its cold weight
+/// loads, above all) is favoured.
+fn sample_positions(scratch: &mut KernelScratch, tiles: usize) -> (usize, usize) {
+    let every = TIMED_TILE_EVERY.min(tiles.max(1));
+    let phase = scratch.sample_phase % every;
+    scratch.sample_phase = scratch.sample_phase.wrapping_add(1);
+    (every, phase)
 }
 
 /// Stage `unpack`: rows of packed weights → `[rows, stride]` codes (padding: code 1 = weight 0).
@@ -195,9 +209,11 @@ fn split_xnor<I: IsaOps>(
 ) {
     let batch = x.batch();
     let words = x.plane_words();
+    let (every, phase) = sample_positions(scratch, rows.len() * batch);
     let dst = &mut scratch.words[..ACT_PLANES * 2 * words];
     let mut ticks = scratch.split_ticks;
     let timing = scratch.time_stages;
+    let mut index = 0;
     for (i, r) in rows.enumerate() {
         for b in 0..batch {
             let (mask, sign, w_words, scale) = match w {
@@ -208,7 +224,8 @@ fn split_xnor<I: IsaOps>(
                 PackedWeights::Binary(m) => (None, m.row_words(r), m.words(), m.scale()),
                 _ => unreachable!("split_xnor takes plane formats only"),
             };
-            let timed = timing && ticks.tiles.is_multiple_of(TIMED_TILE_EVERY as u64);
+            let timed = timing && index % every == phase;
+            index += 1;
             let t0 = if timed { clock::now() } else { 0 };
             xnor_stage(isa, mask, sign, x.planes(b), w_words, words, dst);
             let t1 = if timed { clock::now() } else { 0 };
