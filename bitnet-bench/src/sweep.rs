@@ -280,7 +280,7 @@ pub fn run_sweep(
             Diagnostics::default()
         };
         let quality = if spec.quality_positions > 0 {
-            let key = (combo.kv.name().to_string(), combo.threads);
+            let key = (format!("{} {}", combo.kernel.name(), combo.kv.name()), combo.threads);
             if !quality_cache.contains_key(&key) {
                 let q = runner.quality(combo.kv, spec.quality_positions, combo.threads)?;
                 quality_cache.insert(key.clone(), q);
@@ -354,6 +354,13 @@ pub fn summarize(
 pub struct EngineRunner {
     model: Model,
     source: String,
+    /// Where the model comes from, to regenerate a preset in another kernel's format.
+    model_source: ModelSource,
+    /// `--format`, if given: every kernel then reads that one format.
+    format: Option<WeightFormat>,
+    /// Formats of the sweep's kernels, for the report (`i2`, or e.g. `i2,bitplanes`).
+    formats: String,
+    gen_threads: usize,
     seed: u64,
     pin: bool,
     probe_bytes: usize,
@@ -362,27 +369,38 @@ pub struct EngineRunner {
 }
 
 impl EngineRunner {
-    /// Loads the model (synthetic weights for a preset, in `format`).
+    /// Loads the model. A preset gets synthetic weights in each kernel's own format (one model
+    /// in memory at a time; combinations run kernel by kernel), or all in `--format`; a GGUF
+    /// file has one format, which every kernel must read.
     pub fn load(spec: &SweepSpec) -> Result<Self> {
         let source = ModelSource::parse(&spec.model).with_context(|| format!("--model {}", spec.model))?;
-        let format =
-            spec.format.unwrap_or_else(|| spec.kernels.first().map_or(WeightFormat::I2, |k| k.native_format()));
-        let threads = spec.threads.iter().copied().max().unwrap_or(1);
+        let first = spec.kernels.first().context("--kernels: needs at least one value")?;
+        let format = spec.format.unwrap_or(first.native_format());
+        let gen_threads = spec.threads.iter().copied().max().unwrap_or(1);
         let (model, desc) = source
-            .load(format, spec.seed, threads)
+            .load(format, spec.seed, gen_threads)
             .with_context(|| format!("--model {} (format {format})", spec.model))?;
+        let fixed = spec.format.is_some() || matches!(source, ModelSource::Gguf(_));
+        let mut formats: Vec<WeightFormat> = Vec::new();
         for k in &spec.kernels {
-            let f = model.weights.layers[0].wq.format();
+            let f = if fixed { model.weights.layers[0].wq.format() } else { k.native_format() };
             if !k.accepts(f) {
                 bail!(
                     "--kernels {k}: cannot read this model's {f} weights (use --kernels {})",
                     Kernel::best_for(f).family()
                 );
             }
+            if !formats.contains(&f) {
+                formats.push(f);
+            }
         }
         Ok(Self {
             model,
             source: desc,
+            model_source: source,
+            format: if fixed { Some(format) } else { None },
+            formats: formats.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+            gen_threads,
             seed: spec.seed,
             pin: spec.pin,
             probe_bytes: spec.probe_bytes,
@@ -415,7 +433,7 @@ impl Runner for EngineRunner {
             source: self.source.clone(),
             params: params(&self.model),
             weight_bytes: bytes as u64,
-            weight_format: w.layers[0].wq.format().name().into(),
+            weight_format: self.formats.clone(),
         }
     }
 
@@ -437,6 +455,12 @@ impl Runner for EngineRunner {
 
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared> {
         self.state = None; // free the previous combination's cache first
+        let want = self.format.unwrap_or(combo.kernel.family().native_format());
+        if self.model.weights.layers[0].wq.format() != want {
+            let (model, desc) = self.model_source.load(want, self.seed, self.gen_threads)?;
+            self.model = model;
+            self.source = desc;
+        }
         let mut so = StateOptions::new(combo.batch, combo.context_length + max_new, combo.kv, combo.threads);
         so.kernel = Some(combo.kernel);
         so.pin = self.pin;

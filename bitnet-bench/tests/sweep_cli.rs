@@ -234,3 +234,41 @@ fn ctrl_c_writes_the_finished_combinations_and_marks_the_report_incomplete() {
     assert!(out_text.contains("incomplete"));
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn several_kernels_each_run_on_their_own_format() {
+    let d = tmp("kernels");
+    let out = d.join("k.json");
+    let (code, _, err) = run(&[
+        "--model",
+        "tiny",
+        "--kernels",
+        "i2s",
+        "xnor",
+        "--quick",
+        "--quiet",
+        "--json-report",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(r["model"]["weight_format"], "i2,bitplanes");
+    let kernels: Vec<&str> =
+        r["results"].as_array().unwrap().iter().map(|x| x["config"]["kernel"].as_str().unwrap()).collect();
+    assert_eq!(kernels, ["i2s", "i2s", "xnor", "xnor"]);
+    // An explicit --format that a kernel cannot read is refused before anything runs.
+    let (code, _, err) = run(&[
+        "--model",
+        "tiny",
+        "--format",
+        "i2",
+        "--kernels",
+        "xnor",
+        "--quick",
+        "--json-report",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--kernels xnor"), "{err}");
+    let _ = std::fs::remove_dir_all(d);
+}
