@@ -1,6 +1,5 @@
 //! `inspect` and `run`: a model's tensors, and greedy generation with timings and logits.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -290,18 +289,5 @@ pub fn check_writable(path: &Path) -> Result<()> {
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
 /// half-written file and a failure leaves nothing behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().context("output path has no file name")?.to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    bitnet_engine::files::write_atomic(path, bytes).with_context(|| format!("{}: cannot write", path.display()))
 }

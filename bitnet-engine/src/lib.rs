@@ -19,6 +19,7 @@ pub mod aligned;
 pub mod bandwidth;
 pub mod cpu;
 pub mod error;
+pub mod files;
 pub mod formats;
 pub mod gguf;
 pub mod instrument;

@@ -150,7 +150,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             "bitnet-trace diff",
             &mut svg,
         )?;
-        write_atomic(&output, &svg).with_context(|| format!("-o {}", output.display()))?;
+        bitnet_engine::files::write_atomic(&output, &svg).with_context(|| format!("-o {}", output.display()))?;
         eprintln!("bitnet-trace: wrote {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
@@ -206,22 +206,4 @@ fn options(a: TraceArgs) -> TraceOptions {
         seed: a.seed,
         pin: a.pin,
     }
-}
-
-/// Writes `bytes` to a temporary file beside `path`, then renames it into place.
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write in {}", dir.display()))?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })?;
-    Ok(())
 }
