@@ -172,7 +172,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         let mut best: Vec<Kernel> = opts
             .kernels
             .iter()
-            .filter(|k| k.family() != KernelFamily::Scalar && k.form() == k.family().default_form())
+            .filter(|k| k.family() != KernelFamily::Scalar && k.form() == k.family().default_form(k.isa()))
             .copied()
             .collect();
         best.sort_by_key(|k| (k.family().name(), std::cmp::Reverse(k.isa())));

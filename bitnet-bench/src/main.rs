@@ -367,7 +367,7 @@ fn run_model(a: RunCmd) -> Result<()> {
             let family = family.unwrap_or(a.format.map_or(KernelFamily::I2s, |f| Kernel::best_for(f).family()));
             let isa = isa.unwrap_or_else(|| Kernel::best(family).isa());
             Some(
-                Kernel::new(family, isa, family.default_form())
+                Kernel::new(family, isa, family.default_form(isa))
                     .with_context(|| format!("--kernel {family} --isa {isa}"))?,
             )
         }

@@ -131,7 +131,8 @@ pub fn combos(spec: &SweepSpec) -> Result<Vec<Combo>> {
             Some(i) => i,
             None => family.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar),
         };
-        let kernel = Kernel::new(family, isa, family.default_form()).with_context(|| format!("--kernels {family}"))?;
+        let kernel =
+            Kernel::new(family, isa, family.default_form(isa)).with_context(|| format!("--kernels {family}"))?;
         for &threads in &spec.threads {
             for &kv in &spec.kv_precisions {
                 for &context_length in &spec.context_lengths {

@@ -13,7 +13,7 @@
 use half::f16;
 
 use crate::error::{Error, Result};
-use crate::formats::tq2::{block_scale, check_qk, QK_K};
+use crate::formats::tq2::{block_scale, check_qk, uniform_rows, QK_K};
 use crate::rng::SplitMix64;
 use crate::ternary::TernaryMatrix;
 
@@ -46,7 +46,7 @@ pub fn tq1_position(i: usize) -> (usize, usize) {
 
 /// Digit `n` of a packed byte, as llama.cpp decodes it.
 #[inline]
-pub fn tq1_digit(byte: u8, n: usize) -> u8 {
+pub const fn tq1_digit(byte: u8, n: usize) -> u8 {
     ((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8
 }
 
@@ -56,6 +56,8 @@ pub struct Tq1Matrix {
     rows: usize,
     cols: usize,
     blocks: Vec<BlockTq1_0>,
+    /// `[rows]`: whether every block of the row has the same scale bits (see `Tq2Matrix`).
+    uniform: Vec<bool>,
 }
 
 impl Tq1Matrix {
@@ -68,7 +70,7 @@ impl Tq1Matrix {
                 blocks.push(pack_block(src, block_scale(src, m.scale)));
             }
         }
-        Ok(Self { rows: m.rows, cols: m.cols, blocks })
+        Self::from_blocks(m.rows, m.cols, blocks)
     }
 
     /// Random weights straight into blocks, every block with scale `scale`.
@@ -83,7 +85,7 @@ impl Tq1Matrix {
                 blocks.push(pack_block(&src, f16::from_f32(scale)));
             }
         }
-        Ok(Self { rows, cols, blocks })
+        Self::from_blocks(rows, cols, blocks)
     }
 
     pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<BlockTq1_0>) -> Result<Self> {
@@ -95,7 +97,8 @@ impl Tq1Matrix {
                 blocks.len()
             )));
         }
-        Ok(Self { rows, cols, blocks })
+        let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
+        Ok(Self { rows, cols, blocks, uniform })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -131,9 +134,9 @@ impl Tq1Matrix {
         super::unpack_by(self.rows, self.cols, scale, |r, k| self.get(r, k))
     }
 
-    /// Ternary value at (row, col), decoded the plain way (the oracle's accessor). A byte value
-    /// whose digit decodes to 3 cannot be produced by the quantizer; it is clamped to +1 as
-    /// llama.cpp's kernels effectively do not, so such bytes are treated as +1 everywhere here.
+    /// Ternary value at (row, col), decoded the plain way (the oracle's accessor). Every byte
+    /// value decodes to digits in 0..=2 (⌊255 × 3 / 256⌋ = 2), so any bytes are a valid matrix,
+    /// even ones the quantizer would never write.
     #[inline]
     pub fn get(&self, row: usize, col: usize) -> i8 {
         let b = &self.blocks[row * self.blocks_per_row() + col / QK_K];
@@ -150,6 +153,11 @@ impl Tq1Matrix {
     }
     pub fn blocks_per_row(&self) -> usize {
         self.cols / QK_K
+    }
+    /// Whether every block of row `r` has the same scale (kernels then sum the row in integers).
+    #[inline]
+    pub fn row_has_uniform_scale(&self, r: usize) -> bool {
+        self.uniform[r]
     }
     pub fn row(&self, r: usize) -> &[BlockTq1_0] {
         let n = self.blocks_per_row();

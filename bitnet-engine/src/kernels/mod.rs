@@ -94,13 +94,14 @@ impl KernelFamily {
         }
     }
 
-    /// The form [`Kernel::best`] uses: the faster one, as measured on the 2B4T shapes. Fused
-    /// for every family but `tq1`, whose fused form decodes each block into a stack buffer and
-    /// reads it straight back — the 64-byte loads then wait on store forwarding from narrower
-    /// stores — so its split form (a whole tile decoded before the dot stage) is ~1.6× faster.
-    pub fn default_form(self) -> KernelForm {
-        match self {
-            KernelFamily::Tq1 => KernelForm::Split,
+    /// The form [`Kernel::best`] uses at `isa`: the faster one, as measured on the 2B4T shapes.
+    /// Fused everywhere but `tq1` below AVX-512: there the fused form decodes each block into a
+    /// stack buffer and reads it straight back — the loads then wait on store forwarding from
+    /// narrower stores — so the split form (a whole tile decoded before the dot stage) is ~1.6×
+    /// faster. The AVX-512 `tq1` kernel extracts digits in registers and has no such buffer.
+    pub fn default_form(self, isa: IsaLevel) -> KernelForm {
+        match (self, isa) {
+            (KernelFamily::Tq1, IsaLevel::Scalar | IsaLevel::Avx2) => KernelForm::Split,
             _ => KernelForm::Fused,
         }
     }
@@ -135,7 +136,7 @@ impl FromStr for KernelFamily {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelForm {
     /// Unpack and multiply in registers, no intermediate buffer (the default of every family
-    /// but `tq1`: see [`KernelFamily::default_form`]).
+    /// but `tq1` below AVX-512: see [`KernelFamily::default_form`]).
     Fused,
     /// `unpack` a tile of rows into an L1-resident scratch, then `dot` (or `xnor`, then
     /// `popcount`), as separate non-inlined stages — so their costs can be told apart.
@@ -181,6 +182,9 @@ pub struct KernelScratch {
     codes: AlignedBytes,
     /// AND results of the xnor stage, `[8 planes, 2 (mask, sign), plane_words]`.
     words: Vec<u64>,
+    /// Activations in TQ1 digit order for the AVX-512 TQ1 kernel, `[batch, cols / 256, 320]`;
+    /// grown on first use for a batch size, so later calls allocate nothing.
+    pub(crate) tq1_digits: AlignedBytes,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,
     /// What the split forms measured since [`KernelScratch::take_split_ticks`].
@@ -200,6 +204,7 @@ impl KernelScratch {
         Self {
             codes: AlignedBytes::zeroed(TILE_BYTES),
             words: Vec::new(),
+            tq1_digits: AlignedBytes::zeroed(0),
             time_stages: false,
             split_ticks: SplitTicks::default(),
             sample_phase: 0,
@@ -270,7 +275,7 @@ impl Kernel {
     /// The fastest path of `family` on this CPU (best ISA level, the family's default form).
     pub fn best(family: KernelFamily) -> Self {
         let isa = family.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar);
-        Self { family, isa, form: family.default_form() }
+        Self { family, isa, form: family.default_form(isa) }
     }
 
     /// The fastest kernel for weights of `format`.

@@ -31,7 +31,15 @@ pub(crate) trait IsaOps: Copy {
     fn popcount(self, words: &[u64]) -> u32;
     fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
     fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
-    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    /// `scratch` holds the activations in TQ1 digit order for the ISA levels that use it.
+    fn tq1_fused(
+        self,
+        w: &Tq1Matrix,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    );
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
 }
 
@@ -48,7 +56,7 @@ pub(crate) fn run<I: IsaOps>(
     match (form, w) {
         (KernelForm::Fused, PackedWeights::I2(m)) => isa.i2_fused(m, x, rows, out),
         (KernelForm::Fused, PackedWeights::Tq2(m)) => isa.tq2_fused(m, x, rows, out),
-        (KernelForm::Fused, PackedWeights::Tq1(m)) => isa.tq1_fused(m, x, rows, out),
+        (KernelForm::Fused, PackedWeights::Tq1(m)) => isa.tq1_fused(m, x, rows, out, scratch),
         (KernelForm::Fused, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => isa.xnor_fused(w, x, rows, out),
         (KernelForm::Split, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => {
             split_xnor(isa, w, x, rows, out, scratch)
@@ -381,6 +389,30 @@ pub(crate) fn i2_tail_dot(src: &[u8], t: usize, x: &[i8]) -> i32 {
         .sum()
 }
 
+/// Bytes of one 256-weight block of activations in TQ1 digit order: five 64-lane vectors.
+pub(crate) const TQ1_DIGIT_BLOCK: usize = 5 * 64;
+
+/// One token's activations rearranged for the in-register TQ1 kernels: vector n of a block holds
+/// in lane m the activation of the weight that digit n of code byte m (`qs` then `qh`, see
+/// [`tq1_position`]) encodes, and 0 where byte m has no digit n (the fifth digit of `qh`) and in
+/// lanes 52..64. A kernel can then load the block's 52 code bytes once, advance them digit by
+/// digit, and multiply each step by one contiguous vector. `x.len()` must be a multiple of 256.
+pub(crate) fn tq1_digit_order(x: &[i8], dst: &mut [i8]) {
+    debug_assert!(dst.len() == x.len() / QK_K * TQ1_DIGIT_BLOCK);
+    for (src, d) in x.chunks_exact(QK_K).zip(dst.chunks_exact_mut(TQ1_DIGIT_BLOCK)) {
+        for (n, v) in d.chunks_exact_mut(64).enumerate() {
+            v[..32].copy_from_slice(&src[32 * n..32 * n + 32]);
+            v[32..48].copy_from_slice(&src[160 + 16 * n..176 + 16 * n]);
+            if n < 4 {
+                v[48..52].copy_from_slice(&src[240 + 4 * n..244 + 4 * n]);
+            } else {
+                v[48..52].fill(0);
+            }
+            v[52..].fill(0);
+        }
+    }
+}
+
 /// Decodes the 4 qh digits of a TQ1_0 block into `dst[240..256]` (shared by the SIMD paths:
 /// 4 bytes are not worth a vector).
 #[inline(always)]
@@ -489,7 +521,7 @@ impl IsaOps for Portable {
         }
     }
 
-    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {
         // Base-3 digits cannot be extracted cheaply per weight in a dot loop; decode each block
         // to 256 codes on the stack, then multiply.
         let batch = x.batch();
@@ -549,4 +581,27 @@ fn xnor_binary_row(m: &BinaryMatrix, r: usize, planes: &[u64], xw: usize, counts
         isum += PLANE_WEIGHTS[p] * (counts[p] as i32 - 2 * neg as i32);
     }
     isum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tq1_digit_order_puts_each_activation_under_its_digit() {
+        // Built independently from the format's position table: weight i of a block is digit n
+        // of code byte m, so its activation must sit in lane m of vector n, and every lane that
+        // no weight maps to must be zero.
+        let x: Vec<i8> = (0..2 * QK_K).map(|i| ((i * 37 % 251) as i32 - 125) as i8).collect();
+        let mut got = vec![99i8; 2 * TQ1_DIGIT_BLOCK];
+        tq1_digit_order(&x, &mut got);
+        let mut want = vec![0i8; 2 * TQ1_DIGIT_BLOCK];
+        for blk in 0..2 {
+            for i in 0..QK_K {
+                let (m, n) = tq1_position(i);
+                want[blk * TQ1_DIGIT_BLOCK + 64 * n + m] = x[blk * QK_K + i];
+            }
+        }
+        assert_eq!(got, want);
+    }
 }
