@@ -51,6 +51,43 @@ pub(crate) fn round_even(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
+#[inline(always)]
+fn max_ignoring_nan(m: f32, x: f32) -> f32 {
+    if x > m {
+        x
+    } else {
+        m
+    }
+}
+
+/// q = round_half_even(v) clamped to [−127, 127] (NaN → 0), without a float → int conversion
+/// (Rust's saturating `as` does not vectorize at the baseline ISA): after adding 1.5 × 2^23 the
+/// rounded integer sits in the low bits of the float's representation.
+#[inline(always)]
+fn to_q8(v: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    let c = if v.is_nan() { 0.0 } else { v.clamp(-127.0, 127.0) };
+    ((c + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits())) as i32 as i8
+}
+
+/// max |v| (NaNs ignored, as `f32::max` does), in 16 lanes so that it vectorizes; max is
+/// exact, so the lane order does not change the result. A compare-and-select rather than
+/// `f32::max`, whose NaN rule keeps LLVM from using `maxps`.
+#[inline]
+fn absmax(v: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let chunks = v.chunks_exact(16);
+    for (l, x) in chunks.remainder().iter().enumerate() {
+        lanes[l] = max_ignoring_nan(lanes[l], x.abs());
+    }
+    for c in chunks {
+        for l in 0..16 {
+            lanes[l] = max_ignoring_nan(lanes[l], c[l].abs());
+        }
+    }
+    lanes.iter().fold(0.0f32, |m, x| m.max(*x))
+}
+
 impl ActivationBatch {
     /// Storage for `batch` vectors of `cols` values.
     pub fn new(batch: usize, cols: usize) -> Result<Self> {
@@ -108,12 +145,12 @@ impl ActivationBatch {
         let (cols, padded) = (self.cols, self.padded);
         for b in 0..self.batch {
             let src = &x[b * cols..(b + 1) * cols];
-            let absmax = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let absmax = absmax(src);
             let dst = &mut self.values.as_i8_mut()[b * padded..b * padded + cols];
             if absmax > 0.0 && absmax.is_finite() {
                 let inv = 127.0 / absmax;
                 for (q, v) in dst.iter_mut().zip(src) {
-                    *q = round_even(v * inv).clamp(-127.0, 127.0) as i8;
+                    *q = to_q8(v * inv);
                 }
                 self.scales[b] = absmax / 127.0;
             } else {

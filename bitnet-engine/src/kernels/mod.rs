@@ -579,7 +579,7 @@ fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out:
         for (d, v) in kf.iter_mut().zip(k) {
             *d = v.to_f32();
         }
-        *o = crate::model::forward::dot16(q, kf) * scale;
+        *o = crate::model::ops::dot16(q, kf) * scale;
     }
 }
 

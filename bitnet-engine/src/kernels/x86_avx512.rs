@@ -680,7 +680,7 @@ unsafe fn sum_words_impl(words: &[u64]) -> u64 {
     (_mm512_reduce_add_epi64(s) as u64).wrapping_add(crate::bandwidth::sum_words_portable(&words[body..]))
 }
 
-// Attention in the forward pass's fixed float order (see `forward::dot16`): lane l of a
+// Attention in the forward pass's fixed float order (see `ops::dot16`): lane l of a
 // 16-lane accumulator sums products of elements l, l+16, l+32, … with a multiply then an add
 // (never fused), a short last chunk only touches its own lanes, and the lanes are reduced as
 // 8+8, 4+4, 2+2, 1+1. Results are therefore identical to the portable path.

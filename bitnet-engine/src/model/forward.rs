@@ -10,8 +10,12 @@ use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder}
 use crate::kernels::{
     attention_scores, attention_weighted_sum, int8_rows_matmul, Kernel, KernelFamily, KernelForm, KernelScratch,
 };
-use crate::model::config::{FfnActivation, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
+use crate::model::ops::{
+    add_in_place, dot16, gated_activation, rms_norm_in_place, rms_norm_rows, rope, rope_angles, softmax_in_place,
+    transpose_into,
+};
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
 
@@ -118,6 +122,9 @@ pub struct State {
     last_phase: Phase,
     /// `[head_dim / 2]` RoPE inverse frequencies.
     inv_freq: Vec<f32>,
+    /// `[head_dim / 2]` each: cos and sin of one row's RoPE angles.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
     /// Rows of the last call that got logits, in `logits`.
     logit_rows: Range<usize>,
     /// `[max_rows]` sequence and position of each row, for callers that build rows (prefill).
@@ -190,6 +197,8 @@ impl State {
             step: 0,
             last_phase: Phase::Prefill,
             inv_freq: (0..hd / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / hd as f32)).collect(),
+            rope_cos: vec![0.0; hd / 2],
+            rope_sin: vec![0.0; hd / 2],
             logit_rows: 0..0,
             any_xnor,
             row_seqs: Vec::with_capacity(rows),
@@ -314,8 +323,9 @@ impl State {
             let rec = &mut self.workers[0].rec;
             rec.time(attn, Stage::Rope, 0, || {
                 for r in 0..rows {
-                    rope(&mut self.q[r * qd..(r + 1) * qd], hd, positions[r], &self.inv_freq);
-                    rope(&mut self.k[r * kvd..(r + 1) * kvd], hd, positions[r], &self.inv_freq);
+                    rope_angles(positions[r], &self.inv_freq, &mut self.rope_cos, &mut self.rope_sin);
+                    rope(&mut self.q[r * qd..(r + 1) * qd], &self.rope_cos, &self.rope_sin);
+                    rope(&mut self.k[r * kvd..(r + 1) * kvd], &self.rope_cos, &self.rope_sin);
                 }
             });
             rec.time(attn, Stage::KvWrite, kv_token_bytes * rows as u64, || {
@@ -573,81 +583,6 @@ fn phase_of(seqs: &[usize], positions: &[usize]) -> Phase {
     }
 }
 
-/// `dst[c][r] = src[r][c]` for a `[r_n, c_n]` source.
-fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32]) {
-    if c_n == 1 {
-        dst[..r_n].copy_from_slice(&src[..r_n]);
-        return;
-    }
-    for r in 0..r_n {
-        for c in 0..c_n {
-            dst[c * r_n + r] = src[r * c_n + c];
-        }
-    }
-}
-
-/// 1 / RMS of a row (RMSNorm's factor).
-#[inline]
-fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    1.0 / (row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32 + eps).sqrt()
-}
-
-/// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`.
-pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let n = weight.len();
-    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let inv = inv_rms(xr, eps);
-        for ((o, v), g) in or.iter_mut().zip(xr).zip(weight) {
-            *o = v * inv * g;
-        }
-    }
-}
-
-fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    for xr in x.chunks_exact_mut(weight.len()) {
-        let inv = inv_rms(xr, eps);
-        for (v, g) in xr.iter_mut().zip(weight) {
-            *v = *v * inv * g;
-        }
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-/// NEOX-style rotary embedding of every head of `v` (head size `hd`): dimension i is rotated
-/// with i + hd/2 by angle pos × inv_freq[i].
-pub(crate) fn rope(v: &mut [f32], hd: usize, pos: usize, inv_freq: &[f32]) {
-    let half = hd / 2;
-    for head in v.chunks_exact_mut(hd) {
-        for i in 0..half {
-            let (s, c) = (pos as f32 * inv_freq[i]).sin_cos();
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * c - b * s;
-            head[i + half] = a * s + b * c;
-        }
-    }
-}
-
-fn gated_activation(act: FfnActivation, gate: &mut [f32], up: &[f32]) {
-    match act {
-        FfnActivation::Silu => {
-            for (g, u) in gate.iter_mut().zip(up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        }
-        FfnActivation::ReluSquared => {
-            for (g, u) in gate.iter_mut().zip(up) {
-                let r = g.max(0.0);
-                *g = r * r * u;
-            }
-        }
-    }
-}
-
 /// Causal grouped-query attention of every (row, head), split across threads by (row, head).
 #[allow(clippy::too_many_arguments)]
 fn attention(
@@ -691,16 +626,8 @@ fn attention(
             }
             let kv_bytes = vec_bytes * (pos + 1) as u64;
             let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
             // Attention weights, in place.
-            for sc in scores.iter_mut() {
-                *sc /= sum;
-            }
+            softmax_in_place(scores);
             let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
             o.fill(0.0);
             match kv.value_rows(layer, seq, kh, pos + 1) {
@@ -721,32 +648,6 @@ fn attention(
     if on {
         rec.end_split(ctx, t_split);
     }
-}
-
-/// Dot product in a fixed order: 16 lane sums, then a fixed reduction tree. The compiler can
-/// keep the lanes in one vector register, and the result is the same at every ISA level (no
-/// fused multiply-add, no reassociation), so attention is bit-identical across machines.
-#[inline]
-pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..16 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
-        lanes[l] += x * y;
-    }
-    let mut w = 8;
-    while w > 0 {
-        for l in 0..w {
-            lanes[l] += lanes[l + w];
-        }
-        w /= 2;
-    }
-    lanes[0]
 }
 
 /// The index of the largest logit (the first one on ties).

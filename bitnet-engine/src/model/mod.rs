@@ -6,6 +6,7 @@ pub mod forward;
 pub mod generate;
 pub mod kv_cache;
 pub mod layout;
+pub(crate) mod ops;
 pub mod pool;
 pub mod reference;
 pub mod sampling;
