@@ -10,7 +10,7 @@ use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder}
 use crate::kernels::{
     attention_scores, attention_weighted_sum, int8_rows_matmul, Kernel, KernelFamily, KernelForm, KernelScratch,
 };
-use crate::model::config::ModelConfig;
+use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
 use crate::model::ops::{
     add_in_place, dot16, gated_activation, rms_norm_in_place, rms_norm_rows, rope, rope_angles, softmax_in_place,
@@ -102,12 +102,12 @@ pub struct State {
     /// `[rows, kv_dim]` keys and values of the rows being processed.
     k: Vec<f32>,
     v: Vec<f32>,
-    /// `[rows, ffn]` gate (then gated activation) and up projections.
+    /// `[rows, ffn]` the gated activation SiLU/ReLU²(gate) × up.
     gate: Vec<f32>,
-    up: Vec<f32>,
     /// `[rows, hidden]` output of the O and down projections.
     proj: Vec<f32>,
-    /// `[max(N), rows]` kernel output, row-major by output row.
+    /// `[max(N), rows]` kernel output, row-major by output row (N: Q+K+V together, gate and up
+    /// together, or the LM head).
     mm: Vec<f32>,
     /// `[rows, vocab]` logits.
     logits: Vec<f32>,
@@ -165,7 +165,8 @@ impl State {
         let pool = WorkerPool::new(opts.threads, opts.pin)?;
         let hd = cfg.head_dim();
         // The largest kernel output: a projection, or the LM head's [vocab, rows].
-        let max_n = cfg.q_dim().max(cfg.ffn).max(cfg.hidden).max(cfg.vocab);
+        // The widest matmul output: Q, K and V together, gate and up together, or the LM head.
+        let max_n = (cfg.q_dim() + 2 * cfg.kv_dim()).max(2 * cfg.ffn).max(cfg.hidden).max(cfg.vocab);
         let act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
         let act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
         let padded = act_hidden.padded_cols().max(act_ffn.padded_cols());
@@ -180,7 +181,6 @@ impl State {
             k: vec![0.0; rows * cfg.kv_dim()],
             v: vec![0.0; rows * cfg.kv_dim()],
             gate: vec![0.0; rows * cfg.ffn],
-            up: vec![0.0; rows * cfg.ffn],
             proj: vec![0.0; rows * cfg.hidden],
             mm: vec![0.0; rows * max_n],
             logits: vec![0.0; rows * cfg.vocab],
@@ -304,22 +304,15 @@ impl State {
                 rms_norm_rows(&self.x[..rows * h], &lw.attn_norm, cfg.norm_eps, &mut self.xb[..rows * h])
             });
             rec.time(attn, Stage::Quantize, 0, || quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h]))?;
-            for (op, wt, out) in [
-                (Op::Q, &lw.wq, &mut self.q[..rows * qd]),
-                (Op::K, &lw.wk, &mut self.k[..rows * kvd]),
-                (Op::V, &lw.wv, &mut self.v[..rows * kvd]),
-            ] {
-                linear(
-                    &self.pool,
-                    self.kernel,
-                    wt,
-                    &self.act_hidden,
-                    &mut self.mm,
-                    out,
-                    &mut self.workers,
-                    ctx.at(l, op),
-                )?;
-            }
+            linear_multi(
+                &self.pool,
+                self.kernel,
+                [(&lw.wq, ctx.at(l, Op::Q)), (&lw.wk, ctx.at(l, Op::K)), (&lw.wv, ctx.at(l, Op::V))],
+                &self.act_hidden,
+                &mut self.mm,
+                [&mut self.q[..rows * qd], &mut self.k[..rows * kvd], &mut self.v[..rows * kvd]],
+                &mut self.workers,
+            )?;
             let rec = &mut self.workers[0].rec;
             rec.time(attn, Stage::Rope, 0, || {
                 for r in 0..rows {
@@ -376,25 +369,20 @@ impl State {
             rec.time(ffn_ctx, Stage::Quantize, 0, || {
                 quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])
             })?;
-            for (op, wt, out) in
-                [(Op::Gate, &lw.w_gate, &mut self.gate[..rows * ffn]), (Op::Up, &lw.w_up, &mut self.up[..rows * ffn])]
-            {
-                linear(
-                    &self.pool,
-                    self.kernel,
-                    wt,
-                    &self.act_hidden,
-                    &mut self.mm,
-                    out,
-                    &mut self.workers,
-                    ctx.at(l, op),
-                )?;
-            }
             let down_ctx = ctx.at(l, Op::Down);
+            linear_gated(
+                &self.pool,
+                self.kernel,
+                (&lw.w_gate, ctx.at(l, Op::Gate)),
+                (&lw.w_up, ctx.at(l, Op::Up)),
+                cfg.activation,
+                ffn_ctx,
+                &self.act_hidden,
+                &mut self.mm,
+                &mut self.gate[..rows * ffn],
+                &mut self.workers,
+            )?;
             let rec = &mut self.workers[0].rec;
-            rec.time(ffn_ctx, Stage::FfnAct, 0, || {
-                gated_activation(cfg.activation, &mut self.gate[..rows * ffn], &self.up[..rows * ffn])
-            });
             if let Some(sub) = &lw.ffn_sub_norm {
                 rec.time(down_ctx, Stage::Norm, 0, || {
                     rms_norm_in_place(&mut self.gate[..rows * ffn], sub, cfg.norm_eps)
@@ -552,6 +540,118 @@ fn linear(
 /// Records one thread's run of a matmul that started at `t0`: one span for a fused kernel; for
 /// a split one, the run's time divided between its two stages in the ratio of the timed tiles
 /// (see [`crate::instrument`]). Returns the end tick.
+/// Several matmuls on the same activations in one pool dispatch (Q, K and V): their output
+/// rows are split across threads as one concatenation, so the layer pays one barrier instead of
+/// one per matrix and the threads stay balanced across the parts. Part i's `[n_i, rows]`
+/// result lands in `mm` after the earlier parts', then is transposed into `outs[i]`.
+fn linear_multi<const P: usize>(
+    pool: &WorkerPool,
+    forced: Option<Kernel>,
+    parts: [(&PackedWeights, SpanCtx); P],
+    act: &ActivationBatch,
+    mm: &mut [f32],
+    outs: [&mut [f32]; P],
+    workers: &mut [Worker],
+) -> Result<()> {
+    let rows = act.batch();
+    let kernels: [Kernel; P] = std::array::from_fn(|i| kernel_for(forced, parts[i].0));
+    let ns: [usize; P] = std::array::from_fn(|i| parts[i].0.rows());
+    let mut offs = [0usize; P];
+    for i in 1..P {
+        offs[i] = offs[i - 1] + ns[i - 1];
+    }
+    let total = offs[P - 1] + ns[P - 1];
+    for i in 0..P {
+        let m = &mm[offs[i] * rows..(offs[i] + ns[i]) * rows];
+        kernels[i].check(parts[i].0, act, &(0..ns[i]), m)?;
+    }
+    let on = workers[0].rec.on();
+    let t_split = workers[0].rec.start();
+    workers[0].rec.begin_split(t_split);
+    pool.split(&mut mm[..total * rows], rows, 16, workers, |first, chunk, wk| {
+        let end = first + chunk.len() / rows;
+        let mut t = wk.rec.start();
+        wk.rec.chunk_start = t;
+        for i in 0..P {
+            let (lo, hi) = (offs[i].max(first), (offs[i] + ns[i]).min(end));
+            if lo >= hi {
+                continue;
+            }
+            let (w, ctx) = parts[i];
+            let out = &mut chunk[(lo - first) * rows..(hi - first) * rows];
+            kernels[i]
+                .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
+                .expect("arguments checked before the split");
+            if wk.rec.on() {
+                let bytes = w.byte_len() as u64 * (hi - lo) as u64 / ns[i] as u64;
+                t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[i], ctx, t, bytes);
+            }
+        }
+        wk.rec.chunk_end = t;
+    });
+    let rec = &mut workers[0].rec;
+    if on {
+        rec.end_split(parts[0].1, t_split);
+    }
+    for (i, out) in outs.into_iter().enumerate() {
+        let m = &mm[offs[i] * rows..(offs[i] + ns[i]) * rows];
+        rec.time(parts[i].1, Stage::Transpose, 0, || transpose_into(m, ns[i], rows, out));
+    }
+    Ok(())
+}
+
+/// The gate and up projections in one pool dispatch, each thread computing the same rows of
+/// both and then the gated activation of those rows (`ffn_act`, in parallel instead of on the
+/// caller afterwards). The activated `[n, rows]` result is transposed into `out`.
+#[allow(clippy::too_many_arguments)]
+fn linear_gated(
+    pool: &WorkerPool,
+    forced: Option<Kernel>,
+    gate: (&PackedWeights, SpanCtx),
+    up: (&PackedWeights, SpanCtx),
+    activation: FfnActivation,
+    act_ctx: SpanCtx,
+    act: &ActivationBatch,
+    mm: &mut [f32],
+    out: &mut [f32],
+    workers: &mut [Worker],
+) -> Result<()> {
+    let (rows, n) = (act.batch(), gate.0.rows());
+    if up.0.rows() != n {
+        return Err(Error::Shape(format!("gate has {n} rows but up has {}", up.0.rows())));
+    }
+    let (kg, ku) = (kernel_for(forced, gate.0), kernel_for(forced, up.0));
+    let (mg, mu) = mm[..2 * n * rows].split_at_mut(n * rows);
+    kg.check(gate.0, act, &(0..n), mg)?;
+    ku.check(up.0, act, &(0..n), mu)?;
+    let on = workers[0].rec.on();
+    let t_split = workers[0].rec.start();
+    workers[0].rec.begin_split(t_split);
+    let (gate_bytes, up_bytes) = (gate.0.byte_len() as u64, up.0.byte_len() as u64);
+    pool.split_pair(mg, mu, rows, 16, workers, |first, cg, cu, wk| {
+        let r = first..first + cg.len() / rows;
+        let mut t = wk.rec.start();
+        wk.rec.chunk_start = t;
+        kg.matmul(gate.0, act, r.clone(), cg, &mut wk.kernel).expect("arguments checked before the split");
+        if wk.rec.on() {
+            t = record_matmul(&mut wk.rec, &mut wk.kernel, kg, gate.1, t, gate_bytes * r.len() as u64 / n as u64);
+        }
+        ku.matmul(up.0, act, r.clone(), cu, &mut wk.kernel).expect("arguments checked before the split");
+        if wk.rec.on() {
+            t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.1, t, up_bytes * r.len() as u64 / n as u64);
+        }
+        gated_activation(activation, cg, cu);
+        wk.rec.chunk_end = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
+    });
+    let rec = &mut workers[0].rec;
+    if on {
+        rec.end_split(gate.1, t_split);
+    }
+    let mg = &mm[..n * rows];
+    rec.time(gate.1, Stage::Transpose, 0, || transpose_into(mg, n, rows, out));
+    Ok(())
+}
+
 fn record_matmul(
     rec: &mut ThreadRecorder,
     scratch: &mut KernelScratch,
