@@ -182,18 +182,28 @@ impl KvPrecision {
                 }
             }
             KvPrecision::Int4 => {
+                // Per group: its scale converted once, then a loop the compiler vectorizes.
                 let (codes, scales) = bytes.split_at(d.div_ceil(2));
-                for (i, o) in out.iter_mut().enumerate() {
-                    let q = (codes[i / 2] >> (4 * (i % 2))) & 15;
-                    *o = (q as i32 - 8) as f32 * h(&scales[2 * (i / INT4_GROUP)..]);
+                for (g, og) in out.chunks_mut(INT4_GROUP).enumerate() {
+                    let scale = h(&scales[2 * g..]);
+                    let base = g * INT4_GROUP;
+                    for (j, o) in og.iter_mut().enumerate() {
+                        let i = base + j;
+                        let q = (codes[i / 2] >> (4 * (i % 2))) & 15;
+                        *o = (q as i32 - 8) as f32 * scale;
+                    }
                 }
             }
             KvPrecision::Int2 => {
                 let (codes, params) = bytes.split_at(d.div_ceil(4));
-                for (i, o) in out.iter_mut().enumerate() {
-                    let g = i / INT2_GROUP;
-                    let q = (codes[i / 4] >> (2 * (i % 4))) & 3;
-                    *o = h(&params[4 * g..]) + q as f32 * h(&params[4 * g + 2..]);
+                for (g, og) in out.chunks_mut(INT2_GROUP).enumerate() {
+                    let (min, step) = (h(&params[4 * g..]), h(&params[4 * g + 2..]));
+                    let base = g * INT2_GROUP;
+                    for (j, o) in og.iter_mut().enumerate() {
+                        let i = base + j;
+                        let q = (codes[i / 4] >> (2 * (i % 4))) & 3;
+                        *o = min + q as f32 * step;
+                    }
                 }
             }
         }
