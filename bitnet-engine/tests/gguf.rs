@@ -212,6 +212,61 @@ fn saved_models_load_back_with_the_same_weights() {
 }
 
 #[test]
+fn projection_scale_tensors_load_and_scale_outputs() {
+    // llama.cpp's `bitnet` models may carry blk.N.<proj>.scale: one F32 that multiplies the
+    // projection's output (conversions that keep ternary weights and their scales apart).
+    let dir = std::env::temp_dir().join(format!("bitnet-gguf-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut model = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 8, 2).unwrap();
+    model.weights.layers[0].out_scales = [0.5, 2.0, 1.0, 0.25, 1.5, 0.75, 3.0];
+    model.weights.layers[1].out_scales[6] = 0.125;
+    let path = dir.join("scaled.gguf");
+    bitnet_engine::gguf::save_model(&model, WeightFormat::Tq2_0, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let t = f.tensor("blk.0.attn_q.scale").expect("scales other than 1 are written");
+    assert_eq!(t.dims, [1]);
+    assert!(f.tensor("blk.0.attn_v.scale").is_none(), "a scale of 1 is not written");
+    let loaded = load_model(&path).unwrap();
+    for (a, b) in model.weights.layers.iter().zip(&loaded.weights.layers) {
+        assert_eq!(a.out_scales, b.out_scales);
+    }
+    // The fast forward applies them as the f64 reference does.
+    let prompt = [3u32, 1, 4, 1, 5];
+    let mut st = State::new(&loaded, &StateOptions::new(1, 16, KvPrecision::F32, 2)).unwrap();
+    let g = greedy(&loaded, &mut st, &prompt, 1, true).unwrap();
+    let r = reference_logits(&loaded, &prompt);
+    let cos = |a: &[f32], b: &[f32]| {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        dot / (n(a) * n(b))
+    };
+    for (i, (a, b)) in r.iter().zip(&g.logits).enumerate() {
+        assert!(cos(a, b) >= 0.999, "position {i}: cosine {}", cos(a, b));
+    }
+    // And they matter: without them the logits move.
+    let mut plain = loaded.clone();
+    plain.weights.layers.iter_mut().for_each(|l| l.out_scales = [1.0; 7]);
+    let mut st = State::new(&plain, &StateOptions::new(1, 16, KvPrecision::F32, 2)).unwrap();
+    let g2 = greedy(&plain, &mut st, &prompt, 1, true).unwrap();
+    assert!(cos(&g.logits[4], &g2.logits[4]) < 0.999);
+    // A scale tensor of no projection, or with more than one element, is refused by name.
+    let name = b"blk.0.attn_q.scale";
+    let pos = bytes.windows(name.len()).position(|w| w == name).unwrap();
+    let mut bad = bytes.clone();
+    bad[pos..pos + name.len()].copy_from_slice(b"blk.0.attn_x.scale");
+    let e = try_load(&bad).unwrap_err();
+    assert!(e.contains("blk.0.attn_x.scale") && e.contains("no projection"), "{e}");
+    let mut bad = bytes.clone();
+    // After the name: n_dims (u32) = 1, then dims[0] (u64) = 1 → 2.
+    let dim = pos + name.len() + 4;
+    bad[dim..dim + 8].copy_from_slice(&2u64.to_le_bytes());
+    let e = try_load(&bad).unwrap_err();
+    assert!(e.contains("blk.0.attn_q.scale"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn fuzz_regressions_are_errors() {
     // Inputs the fuzzer (fuzz/) once crashed on: each must now load or fail cleanly.
     let dir = data_path("fuzz-regressions");

@@ -122,6 +122,30 @@ fn vector(f: &GgufFile<'_>, name: &str, n: usize) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// The optional scalar llama.cpp multiplies a projection's output by (`ggml_mul` with a
+/// one-element tensor); 1 when the tensor is absent.
+fn out_scale(f: &GgufFile<'_>, name: &str) -> Result<f32> {
+    let Some(t) = f.tensor(name) else { return Ok(1.0) };
+    let elements: u64 = t.dims.iter().product();
+    if elements != 1 {
+        return Err(Error::Format(format!(
+            "tensor '{name}' has shape {:?}; a projection scale has one element",
+            t.dims
+        )));
+    }
+    let mut v = [0f32];
+    decode_f32(t.ggml_type, f.data(t), &mut v).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "tensor '{name}' is {}; a projection scale must be F32, F16 or BF16",
+            t.ggml_type.name()
+        ))
+    })?;
+    if !v[0].is_finite() {
+        return Err(Error::Format(format!("tensor '{name}' is {}; a projection scale must be finite", v[0])));
+    }
+    Ok(v[0])
+}
+
 /// A `[rows, cols]` matrix (embedding, untied output) as int8 rows.
 fn int8_rows(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<Int8Rows> {
     let t = tensor(f, name)?;
@@ -196,10 +220,14 @@ fn linear(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<Pack
 
 fn weights_from_gguf(f: &GgufFile<'_>, cfg: &ModelConfig) -> Result<Weights> {
     for t in &f.tensors {
-        if t.name.ends_with(".scale") {
-            return Err(Error::Unsupported(format!(
-                "tensor '{}': separate weight-scale tensors are not supported yet",
-                t.name
+        let known =
+            (0..cfg.layers).any(|l| LayerWeights::LINEAR_NAMES.iter().any(|p| t.name == format!("blk.{l}.{p}.scale")));
+        if t.name.ends_with(".scale") && !known {
+            return Err(Error::Format(format!(
+                "tensor '{}': a .scale tensor that belongs to no projection (expected blk.N.{{{}}}.scale, N < {})",
+                t.name,
+                LayerWeights::LINEAR_NAMES.join(","),
+                cfg.layers
             )));
         }
     }
@@ -226,6 +254,13 @@ fn weights_from_gguf(f: &GgufFile<'_>, cfg: &ModelConfig) -> Result<Weights> {
             w_up: linear(f, &n("ffn_up"), ffn, h)?,
             ffn_sub_norm: opt_vec("ffn_sub_norm", ffn)?,
             w_down: linear(f, &n("ffn_down"), h, ffn)?,
+            out_scales: {
+                let mut s = [1f32; 7];
+                for (v, p) in s.iter_mut().zip(LayerWeights::LINEAR_NAMES) {
+                    *v = out_scale(f, &format!("blk.{l}.{p}.scale"))?;
+                }
+                s
+            },
         });
     }
     Ok(Weights {

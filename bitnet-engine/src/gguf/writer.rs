@@ -15,6 +15,7 @@ use crate::formats::{Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix, WeightFormat
 use crate::gguf::reader::Value;
 use crate::gguf::types::GgmlType;
 use crate::model::forward::Model;
+use crate::model::weights::LayerWeights;
 
 const ALIGNMENT: usize = 32;
 
@@ -225,6 +226,12 @@ pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()
             tensors.push(vector(n("ffn_sub_norm"), v));
         }
         tensors.push(lin("ffn_down", &lw.w_down));
+        // llama.cpp's optional per-projection output scales, only where they are not 1.
+        for (p, v) in LayerWeights::LINEAR_NAMES.iter().zip(&lw.out_scales) {
+            if *v != 1.0 {
+                tensors.push(vector(format!("blk.{l}.{p}.scale"), std::slice::from_ref(v)));
+            }
+        }
     }
     tensors.push(vector("output_norm.weight".into(), &w.output_norm));
     if let Some(head) = &w.lm_head {

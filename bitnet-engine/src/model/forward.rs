@@ -307,7 +307,11 @@ impl State {
             linear_multi(
                 &self.pool,
                 self.kernel,
-                [(&lw.wq, ctx.at(l, Op::Q)), (&lw.wk, ctx.at(l, Op::K)), (&lw.wv, ctx.at(l, Op::V))],
+                [
+                    (&lw.wq, lw.out_scales[0], ctx.at(l, Op::Q)),
+                    (&lw.wk, lw.out_scales[1], ctx.at(l, Op::K)),
+                    (&lw.wv, lw.out_scales[2], ctx.at(l, Op::V)),
+                ],
                 &self.act_hidden,
                 &mut self.mm,
                 [&mut self.q[..rows * qd], &mut self.k[..rows * kvd], &mut self.v[..rows * kvd]],
@@ -353,6 +357,7 @@ impl State {
                 &self.pool,
                 self.kernel,
                 &lw.wo,
+                lw.out_scales[3],
                 &self.act_hidden,
                 &mut self.mm,
                 &mut self.proj[..rows * h],
@@ -373,8 +378,8 @@ impl State {
             linear_gated(
                 &self.pool,
                 self.kernel,
-                (&lw.w_gate, ctx.at(l, Op::Gate)),
-                (&lw.w_up, ctx.at(l, Op::Up)),
+                (&lw.w_gate, lw.out_scales[4], ctx.at(l, Op::Gate)),
+                (&lw.w_up, lw.out_scales[5], ctx.at(l, Op::Up)),
                 cfg.activation,
                 ffn_ctx,
                 &self.act_hidden,
@@ -395,6 +400,7 @@ impl State {
                 &self.pool,
                 self.kernel,
                 &lw.w_down,
+                lw.out_scales[6],
                 &self.act_ffn,
                 &mut self.mm,
                 &mut self.proj[..rows * h],
@@ -506,6 +512,7 @@ fn linear(
     pool: &WorkerPool,
     forced: Option<Kernel>,
     w: &PackedWeights,
+    out_scale: f32,
     act: &ActivationBatch,
     mm: &mut [f32],
     out: &mut [f32],
@@ -525,6 +532,7 @@ fn linear(
         let t0 = wk.rec.start();
         wk.rec.chunk_start = t0;
         kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
+        scale_in_place(chunk, out_scale);
         if wk.rec.on() {
             wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t0, bytes);
         }
@@ -547,7 +555,7 @@ fn linear(
 fn linear_multi<const P: usize>(
     pool: &WorkerPool,
     forced: Option<Kernel>,
-    parts: [(&PackedWeights, SpanCtx); P],
+    parts: [(&PackedWeights, f32, SpanCtx); P],
     act: &ActivationBatch,
     mm: &mut [f32],
     outs: [&mut [f32]; P],
@@ -577,11 +585,12 @@ fn linear_multi<const P: usize>(
             if lo >= hi {
                 continue;
             }
-            let (w, ctx) = parts[i];
+            let (w, out_scale, ctx) = parts[i];
             let out = &mut chunk[(lo - first) * rows..(hi - first) * rows];
             kernels[i]
                 .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
                 .expect("arguments checked before the split");
+            scale_in_place(out, out_scale);
             if wk.rec.on() {
                 let bytes = w.byte_len() as u64 * (hi - lo) as u64 / ns[i] as u64;
                 t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[i], ctx, t, bytes);
@@ -591,11 +600,11 @@ fn linear_multi<const P: usize>(
     });
     let rec = &mut workers[0].rec;
     if on {
-        rec.end_split(parts[0].1, t_split);
+        rec.end_split(parts[0].2, t_split);
     }
     for (i, out) in outs.into_iter().enumerate() {
         let m = &mm[offs[i] * rows..(offs[i] + ns[i]) * rows];
-        rec.time(parts[i].1, Stage::Transpose, 0, || transpose_into(m, ns[i], rows, out));
+        rec.time(parts[i].2, Stage::Transpose, 0, || transpose_into(m, ns[i], rows, out));
     }
     Ok(())
 }
@@ -607,8 +616,8 @@ fn linear_multi<const P: usize>(
 fn linear_gated(
     pool: &WorkerPool,
     forced: Option<Kernel>,
-    gate: (&PackedWeights, SpanCtx),
-    up: (&PackedWeights, SpanCtx),
+    gate: (&PackedWeights, f32, SpanCtx),
+    up: (&PackedWeights, f32, SpanCtx),
     activation: FfnActivation,
     act_ctx: SpanCtx,
     act: &ActivationBatch,
@@ -633,23 +642,33 @@ fn linear_gated(
         let mut t = wk.rec.start();
         wk.rec.chunk_start = t;
         kg.matmul(gate.0, act, r.clone(), cg, &mut wk.kernel).expect("arguments checked before the split");
+        scale_in_place(cg, gate.1);
         if wk.rec.on() {
-            t = record_matmul(&mut wk.rec, &mut wk.kernel, kg, gate.1, t, gate_bytes * r.len() as u64 / n as u64);
+            t = record_matmul(&mut wk.rec, &mut wk.kernel, kg, gate.2, t, gate_bytes * r.len() as u64 / n as u64);
         }
         ku.matmul(up.0, act, r.clone(), cu, &mut wk.kernel).expect("arguments checked before the split");
+        scale_in_place(cu, up.1);
         if wk.rec.on() {
-            t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.1, t, up_bytes * r.len() as u64 / n as u64);
+            t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.2, t, up_bytes * r.len() as u64 / n as u64);
         }
         gated_activation(activation, cg, cu);
         wk.rec.chunk_end = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
     });
     let rec = &mut workers[0].rec;
     if on {
-        rec.end_split(gate.1, t_split);
+        rec.end_split(gate.2, t_split);
     }
     let mg = &mm[..n * rows];
-    rec.time(gate.1, Stage::Transpose, 0, || transpose_into(mg, n, rows, out));
+    rec.time(gate.2, Stage::Transpose, 0, || transpose_into(mg, n, rows, out));
     Ok(())
+}
+
+/// Multiplies a projection's output by its GGUF `.scale` factor (see `LayerWeights::out_scales`).
+#[inline]
+fn scale_in_place(v: &mut [f32], s: f32) {
+    if s != 1.0 {
+        v.iter_mut().for_each(|x| *x *= s);
+    }
 }
 
 fn record_matmul(

@@ -60,6 +60,12 @@ fn rms_norm(x: &[f32], g: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(g).map(|(v, g)| (*v as f64 * inv * *g as f64) as f32).collect()
 }
 
+/// A projection's output times its `.scale` factor (llama.cpp's `ggml_mul` after the matmul).
+fn scaled(mut v: Vec<f32>, s: f32) -> Vec<f32> {
+    v.iter_mut().for_each(|x| *x *= s);
+    v
+}
+
 fn rope(v: &mut [f32], hd: usize, pos: usize, theta: f32) {
     for head in v.chunks_exact_mut(hd) {
         for i in 0..hd / 2 {
@@ -87,10 +93,11 @@ pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             (0..cfg.hidden).map(|c| w.token_embd.get(t as usize, c) as f32 * w.token_embd.scale(t as usize)).collect();
         for (l, lw) in w.layers.iter().enumerate() {
             let [wq, wk, wv, wo, wg, wu, wd] = &layers[l];
+            let [sq, sk, sv, so, sg, su, sd] = lw.out_scales;
             let xn = rms_norm(&x, &lw.attn_norm, cfg.norm_eps);
-            let mut q = wq.apply(&xn);
-            let mut k = wk.apply(&xn);
-            let v = wv.apply(&xn);
+            let mut q = scaled(wq.apply(&xn), sq);
+            let mut k = scaled(wk.apply(&xn), sk);
+            let v = scaled(wv.apply(&xn), sv);
             rope(&mut q, hd, pos, cfg.rope_theta);
             rope(&mut k, hd, pos, cfg.rope_theta);
             keys[l].push(k);
@@ -116,11 +123,11 @@ pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             if let Some(g) = &lw.attn_sub_norm {
                 att = rms_norm(&att, g, cfg.norm_eps);
             }
-            let o = wo.apply(&att);
+            let o = scaled(wo.apply(&att), so);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xn = rms_norm(&x, &lw.ffn_norm, cfg.norm_eps);
-            let gate = wg.apply(&xn);
-            let up = wu.apply(&xn);
+            let gate = scaled(wg.apply(&xn), sg);
+            let up = scaled(wu.apply(&xn), su);
             let mut hcur: Vec<f32> = gate
                 .iter()
                 .zip(&up)
@@ -132,7 +139,7 @@ pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             if let Some(g) = &lw.ffn_sub_norm {
                 hcur = rms_norm(&hcur, g, cfg.norm_eps);
             }
-            let d = wd.apply(&hcur);
+            let d = scaled(wd.apply(&hcur), sd);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
         let xn = rms_norm(&x, &w.output_norm, cfg.norm_eps);

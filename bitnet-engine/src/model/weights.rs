@@ -31,6 +31,10 @@ pub struct LayerWeights {
     pub ffn_sub_norm: Option<Vec<f32>>,
     /// `[hidden, ffn]`
     pub w_down: PackedWeights,
+    /// A factor on each projection's output, in the order of [`LayerWeights::linears`]: 1
+    /// unless a GGUF carries llama.cpp's optional `blk.N.<proj>.scale` tensors (conversions of
+    /// checkpoints whose ternary weights and scales are stored apart, e.g. 2B4T's).
+    pub out_scales: [f32; 7],
 }
 
 /// All weights of a model.
@@ -102,6 +106,10 @@ impl Weights {
 }
 
 impl LayerWeights {
+    /// Names of the seven projections in GGUF tensor names, in the order of `linears`.
+    pub const LINEAR_NAMES: [&'static str; 7] =
+        ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+
     /// The seven ternary projections, in the order q, k, v, o, gate, up, down.
     pub fn linears(&self) -> [&PackedWeights; 7] {
         [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
@@ -135,6 +143,7 @@ fn synthetic_layer(cfg: &ModelConfig, format: WeightFormat, seed: u64, layer: us
         w_up: lin(cfg.ffn, cfg.hidden, 9)?,
         ffn_sub_norm: cfg.sub_norms.then(|| norm_vector(cfg.ffn, s(10))),
         w_down: lin(cfg.hidden, cfg.ffn, 11)?,
+        out_scales: [1.0; 7],
     })
 }
 
