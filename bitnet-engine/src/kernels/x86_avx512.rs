@@ -9,7 +9,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::portable::{i2_tail_dot, run, tq1_digit_order, IsaOps, TQ1_DIGIT_BLOCK};
-use super::x86_avx2::{decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_stream, tq1_rows_with};
+use super::x86_avx2::{
+    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_stream, prefetch_stream_span, tq1_rows_with,
+};
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
@@ -284,7 +286,16 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    for (i, r) in rows.enumerate() {
+    let mut r = rows.start;
+    while r < rows.end {
+        let i = r - rows.start;
+        // One token, two uniform rows: every activation load feeds both rows (as in i2_tile),
+        // and two rows' blocks stream side by side.
+        if batch == 1 && r + 2 <= rows.end && w.row_has_uniform_scale(r) && w.row_has_uniform_scale(r + 1) {
+            tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]);
+            r += 2;
+            continue;
+        }
         let o = &mut out[i * batch..(i + 1) * batch];
         let mut b0 = 0;
         while b0 < batch {
@@ -300,6 +311,35 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
             }
             b0 += GROUP.min(batch - b0);
         }
+        r += 1;
+    }
+}
+
+/// Token 0 × rows `r..r+R`, each with one scale for all its blocks: integer sums, two
+/// accumulators per row, one activation load per 64 weights for all R rows.
+#[inline(always)]
+unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
+    let xs = x.token(0).as_ptr() as *const u8;
+    let src: [&[BlockTq2_0]; R] = std::array::from_fn(|i| w.row(r + i));
+    let mut acc = [[_mm512_setzero_si512(); 2]; R];
+    for blk in 0..w.blocks_per_row() {
+        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
+            let b = &src[i][blk];
+            prefetch_stream_span(b as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
+            tq2_codes(b.qs.as_ptr())
+        });
+        let xb = xs.add(blk * QK_K);
+        for n in 0..4 {
+            let xv = load(xb.add(64 * n));
+            for i in 0..R {
+                acc[i][n % 2] = _mm512_dpbusd_epi32(acc[i][n % 2], c[i][n], xv);
+            }
+        }
+    }
+    for i in 0..R {
+        let d = f16_to_f64(src[i][0].d);
+        let isum = reduce_acc(&acc[i]) - x.sum(0);
+        out[i] = finish_blocks(d * isum as f64, x.scale(0));
     }
 }
 
@@ -319,7 +359,7 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     let mut facc = [_mm512_setzero_pd(); G];
     let mut corr = [0f64; G];
     for (blk, block) in w.row(r).iter().enumerate() {
-        prefetch_stream(block as *const BlockTq2_0 as *const u8);
+        prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
         let c = tq2_codes(block.qs.as_ptr());
         let d = f16_to_f64(block.d);
         let dv = _mm512_set1_pd(d);
@@ -356,7 +396,7 @@ unsafe fn tq2_uniform<const G: usize, const A: usize>(
     let mut acc = [[_mm512_setzero_si512(); A]; G];
     let row = w.row(r);
     for (blk, block) in row.iter().enumerate() {
-        prefetch_stream(block as *const BlockTq2_0 as *const u8);
+        prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
         let c = tq2_codes(block.qs.as_ptr());
         for g in 0..G {
             let xb = xs[g].add(blk * QK_K);
