@@ -220,6 +220,15 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
     while r < rows.end {
         let two = r + 2 <= rows.end;
         let o = &mut out[(r - rows.start) * batch..];
+        if batch == 1 {
+            if two {
+                i2_masked_rows::<2>(w, r, x, o);
+            } else {
+                i2_masked_rows::<1>(w, r, x, o);
+            }
+            r += if two { 2 } else { 1 };
+            continue;
+        }
         let mut b0 = 0;
         while b0 < batch {
             let g = GROUP.min(batch - b0);
@@ -283,6 +292,57 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     }
 }
 
+/// The four 2-bit fields of every byte left in place, `v & (3 << 2n)` for n = 0..4: field n
+/// is its code times 4ⁿ. One AND per field and no shift; the accumulator of field n is divided
+/// by 4ⁿ at the end, exactly, since every product in it is a multiple of 4ⁿ.
+#[inline(always)]
+unsafe fn mask4(v: __m512i) -> [__m512i; 4] {
+    std::array::from_fn(|n| _mm512_and_si512(v, _mm512_set1_epi8((3u8 << (2 * n)) as i8)))
+}
+
+/// Σ over fields n of `acc[n] >> 2n` (arithmetic, exact: see [`mask4`]), reduced to one i32.
+#[inline(always)]
+unsafe fn reduce_fields(acc: &[__m512i; 4]) -> i32 {
+    let s = _mm512_add_epi32(
+        _mm512_add_epi32(acc[0], _mm512_srai_epi32::<2>(acc[1])),
+        _mm512_add_epi32(_mm512_srai_epi32::<4>(acc[2]), _mm512_srai_epi32::<6>(acc[3])),
+    );
+    _mm512_reduce_add_epi32(s)
+}
+
+/// Token 0 × rows `r..r+R` of an I2 matrix, with codes kept in place ([`mask4`]): per 64-byte
+/// block and row one load and four ANDs feed four vpdpbusd, against seven unpack operations
+/// with shifts. One accumulator per row and field, exact in i32: a lane gains at most
+/// 4 · 128 · 128 = 2¹⁶ per block, so rows up to 2²³ weights cannot overflow.
+#[inline(always)]
+unsafe fn i2_masked_rows<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
+    let xs = x.token(0).as_ptr() as *const u8;
+    let mut acc = [[_mm512_setzero_si512(); 4]; R];
+    for blk in 0..w.full_blocks() {
+        let off = blk * I2_BLOCK_BYTES;
+        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
+            prefetch_stream(src[i].add(off));
+            mask4(load(src[i].add(off)))
+        });
+        let xb = xs.add(blk * I2_BLOCK_WEIGHTS);
+        for n in 0..4 {
+            let xv = load(xb.add(64 * n));
+            for i in 0..R {
+                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], c[i][n], xv);
+            }
+        }
+    }
+    let (full, t) = (w.full_blocks(), w.tail_weights());
+    for i in 0..R {
+        let mut isum = reduce_fields(&acc[i]);
+        if t > 0 {
+            isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(0)[full * I2_BLOCK_WEIGHTS..]);
+        }
+        out[i] = finish_tensor(isum - x.sum(0), w.scale(), x.scale(0));
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
@@ -291,9 +351,14 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
         let i = r - rows.start;
         // One token, two uniform rows: every activation load feeds both rows (as in i2_tile),
         // and two rows' blocks stream side by side.
-        if batch == 1 && r + 2 <= rows.end && w.row_has_uniform_scale(r) && w.row_has_uniform_scale(r + 1) {
-            tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]);
-            r += 2;
+        if batch == 1 && w.row_has_uniform_scale(r) {
+            if r + 2 <= rows.end && w.row_has_uniform_scale(r + 1) {
+                tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]);
+                r += 2;
+            } else {
+                tq2_uniform_rows::<1>(w, r, x, &mut out[i..i + 1]);
+                r += 1;
+            }
             continue;
         }
         let o = &mut out[i * batch..(i + 1) * batch];
@@ -315,30 +380,60 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     }
 }
 
-/// Token 0 × rows `r..r+R`, each with one scale for all its blocks: integer sums, two
-/// accumulators per row, one activation load per 64 weights for all R rows.
+/// TQ2_0 codes left in place (as [`mask4`] does for I2): the same four vectors as
+/// [`tq2_codes`], but each 256-bit half holds its code times 4^s for its field s
+/// (vector 0: fields 0 | 1, vector 1: 2 | 3, vector 2: 0 | 1, vector 3: 2 | 3). Four ANDs, no
+/// shift; [`tq2_field_shifts`] undoes the factors per lane at the end.
+#[inline(always)]
+unsafe fn tq2_masked_codes(qs: *const u8) -> [__m512i; 4] {
+    let m01 = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x03), _mm256_set1_epi8(0x0c));
+    let m23 = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x30), _mm256_set1_epi8(0xc0u8 as i8));
+    let lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs as *const __m256i));
+    let hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32) as *const __m256i));
+    [_mm512_and_si512(lo, m01), _mm512_and_si512(lo, m23), _mm512_and_si512(hi, m01), _mm512_and_si512(hi, m23)]
+}
+
+/// Per-lane right shifts that undo [`tq2_masked_codes`]' factors: for code vectors 0 and 2
+/// (fields 0 | 1) and for 1 and 3 (fields 2 | 3).
+#[inline(always)]
+unsafe fn tq2_field_shifts() -> [__m512i; 2] {
+    [
+        _mm512_inserti64x4::<1>(_mm512_set1_epi32(0), _mm256_set1_epi32(2)),
+        _mm512_inserti64x4::<1>(_mm512_set1_epi32(4), _mm256_set1_epi32(6)),
+    ]
+}
+
+/// Token 0 × rows `r..r+R`, each with one scale for all its blocks: integer sums with the codes
+/// kept in place ([`tq2_masked_codes`]), one accumulator per row and code vector (exact in
+/// i32 as in [`i2_masked_rows`]), one activation load per 64 weights for all R rows.
 #[inline(always)]
 unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
     let xs = x.token(0).as_ptr() as *const u8;
     let src: [&[BlockTq2_0]; R] = std::array::from_fn(|i| w.row(r + i));
-    let mut acc = [[_mm512_setzero_si512(); 2]; R];
+    let mut acc = [[_mm512_setzero_si512(); 4]; R];
     for blk in 0..w.blocks_per_row() {
         let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
             let b = &src[i][blk];
             prefetch_stream_span(b as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-            tq2_codes(b.qs.as_ptr())
+            tq2_masked_codes(b.qs.as_ptr())
         });
         let xb = xs.add(blk * QK_K);
         for n in 0..4 {
             let xv = load(xb.add(64 * n));
             for i in 0..R {
-                acc[i][n % 2] = _mm512_dpbusd_epi32(acc[i][n % 2], c[i][n], xv);
+                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], c[i][n], xv);
             }
         }
     }
+    let [s01, s23] = tq2_field_shifts();
     for i in 0..R {
+        let a = &acc[i];
+        let v = _mm512_add_epi32(
+            _mm512_add_epi32(_mm512_srav_epi32(a[0], s01), _mm512_srav_epi32(a[1], s23)),
+            _mm512_add_epi32(_mm512_srav_epi32(a[2], s01), _mm512_srav_epi32(a[3], s23)),
+        );
         let d = f16_to_f64(src[i][0].d);
-        let isum = reduce_acc(&acc[i]) - x.sum(0);
+        let isum = _mm512_reduce_add_epi32(v) - x.sum(0);
         out[i] = finish_blocks(d * isum as f64, x.scale(0));
     }
 }
