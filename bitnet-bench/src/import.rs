@@ -158,7 +158,12 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             max_new_tokens: entries.iter().map(|e| e.n_gen).max().unwrap_or(0),
             seed: 0,
         },
-        roofline: Roofline { read_bandwidth_gbps: 0.0, threads: 0, by_threads: BTreeMap::new() },
+        roofline: Roofline {
+            read_bandwidth_gbps: 0.0,
+            threads: 0,
+            by_threads: BTreeMap::new(),
+            probes_gbps: BTreeMap::new(),
+        },
         results,
     })
 }

@@ -52,7 +52,7 @@ fn row(r: &BenchResult) -> [String; 16] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads); {} warm-up + {} runs × {} new tokens{}",
+        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
@@ -62,11 +62,26 @@ pub fn header(r: &Report) -> String {
         s.logical_cpus,
         r.roofline.read_bandwidth_gbps,
         r.roofline.threads,
+        probes_note(&r.roofline),
         r.settings.warmup,
         r.settings.repeat,
         r.settings.max_new_tokens,
         if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
     )
+}
+
+/// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a
+/// warning when they are more than 10% apart (the roofline fractions are then uncertain).
+fn probes_note(r: &crate::report::Roofline) -> String {
+    let Some(p) = r.probes_gbps.get(&r.threads.to_string()).filter(|p| p.len() > 1) else { return String::new() };
+    let each: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
+    let spread = r.probe_spread();
+    let warn = if spread > 0.10 {
+        format!(", {:.0}% apart: bandwidth moved during the sweep", spread * 100.0)
+    } else {
+        String::new()
+    };
+    format!("; probes {}{warn}", each.join(" → "))
 }
 
 fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {

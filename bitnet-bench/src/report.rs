@@ -83,13 +83,38 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Roofline {
-    /// Read bandwidth (GB/s, 10^9 bytes/s) measured at the start with `threads` threads (the
-    /// most threads of the sweep); the best of several passes over 1 GiB.
+    /// Read bandwidth (GB/s, 10^9 bytes/s) with `threads` threads (the most threads of the
+    /// sweep): the higher of the probes before and after the runs, each the best of several
+    /// passes over 1 GiB. The higher one, so a roofline fraction is never flattered by a probe
+    /// that ran while the machine was slow.
     pub read_bandwidth_gbps: f64,
     /// Threads of that probe.
     pub threads: usize,
     /// The same for every thread count of the sweep.
     pub by_threads: BTreeMap<String, f64>,
+    /// Every probe per thread count, in order (before the runs, and after them when the sweep
+    /// finished): how much the machine's bandwidth moved while it was measured.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probes_gbps: BTreeMap<String, Vec<f64>>,
+}
+
+impl Roofline {
+    /// Largest relative spread between the probes of one thread count, (max − min) / max.
+    pub fn probe_spread(&self) -> f64 {
+        self.probes_gbps
+            .values()
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                let hi = v.iter().copied().fold(f64::MIN, f64::max);
+                let lo = v.iter().copied().fold(f64::MAX, f64::min);
+                if hi > 0.0 {
+                    (hi - lo) / hi
+                } else {
+                    0.0
+                }
+            })
+            .fold(0.0, f64::max)
+    }
 }
 
 /// One combination's measurements.
@@ -327,6 +352,17 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         }
         out.complete &= r.complete;
         out.settings.repeat += r.settings.repeat;
+        // The roofline of merged runs is the best bandwidth any of them measured.
+        for (t, gbps) in &r.roofline.by_threads {
+            let best = out.roofline.by_threads.entry(t.clone()).or_insert(0.0);
+            *best = best.max(*gbps);
+        }
+        for (t, probes) in &r.roofline.probes_gbps {
+            out.roofline.probes_gbps.entry(t.clone()).or_default().extend(probes);
+        }
+        if let Some(bw) = out.roofline.by_threads.get(&out.roofline.threads.to_string()) {
+            out.roofline.read_bandwidth_gbps = *bw;
+        }
         for x in &r.results {
             match out.results.iter_mut().find(|o| o.config == x.config) {
                 None => out.results.push(x.clone()),
@@ -346,8 +382,12 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
     for o in &mut out.results {
         let bw = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
         if bw > 0.0 {
-            o.decode.roofline_fraction =
-                o.decode.bytes_per_step as f64 * o.decode.tokens_per_sec.median / o.config.batch as f64 / (bw * 1e9);
+            o.decode.roofline_fraction = crate::sweep::roofline_fraction(
+                o.decode.bytes_per_step,
+                o.decode.tokens_per_sec.median,
+                o.config.batch,
+                bw,
+            );
         }
     }
     Ok(out)

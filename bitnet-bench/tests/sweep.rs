@@ -11,10 +11,12 @@ use bitnet_bench::{output, system};
 use bitnet_engine::{KernelFamily, KvPrecision};
 
 /// Decode step k of run r takes (10 + k + r) ms × (1 + batch / 4); prefill takes 1 ms per
-/// prompt token. Sets `stop` when `stop_after_runs` runs have happened.
+/// prompt token; probe p (from 0) measures 10 × threads + 5p GB/s. Sets `stop` when
+/// `stop_after_runs` runs have happened.
 struct FakeRunner<'a> {
     combo: Option<Combo>,
     runs: usize,
+    probes: usize,
     stop_after_runs: Option<(usize, &'a AtomicBool)>,
 }
 
@@ -35,7 +37,8 @@ impl Runner for FakeRunner<'_> {
         (c.batch * c.context_length) as u64
     }
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {
-        Ok(10.0 * threads as f64)
+        self.probes += 1;
+        Ok(10.0 * threads as f64 + 5.0 * (self.probes - 1) as f64)
     }
     fn prepare(&mut self, combo: &Combo, _max_new: usize) -> Result<Prepared> {
         self.combo = Some(*combo);
@@ -86,7 +89,7 @@ fn spec() -> SweepSpec {
 
 fn sweep(stop_after: Option<usize>) -> Report {
     let stop = AtomicBool::new(false);
-    let mut runner = FakeRunner { combo: None, runs: 0, stop_after_runs: stop_after.map(|n| (n, &stop)) };
+    let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: stop_after.map(|n| (n, &stop)) };
     let mut done = 0;
     let mut r = run_sweep(&spec(), &mut runner, &stop, |p| {
         if let Progress::Done { report, .. } = p {
@@ -146,10 +149,14 @@ fn statistics_come_from_the_runs_after_warm_up() {
     // Prefill: 8 tokens in 8 ms.
     assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
     assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
-    // Roofline: 1e8 bytes per step × steps/s ÷ 20 GB/s (2 threads).
+    // Roofline: 1e8 bytes per step × steps/s ÷ 25 GB/s (2 threads): the higher of the probe
+    // before the runs (20) and the one after (25).
     let steps_per_sec = tg.median;
-    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 20e9).abs() < 1e-12);
-    assert_eq!(r.roofline.by_threads["2"], 20.0);
+    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 25e9).abs() < 1e-12);
+    assert_eq!(r.roofline.by_threads["2"], 25.0);
+    assert_eq!(r.roofline.read_bandwidth_gbps, 25.0);
+    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 25.0]);
+    assert!((r.roofline.probe_spread() - 0.2).abs() < 1e-12);
     // Quality once per precision; stage shares from the diagnostic run.
     assert_eq!(first.quality.as_ref().unwrap().kl_divergence, 0.001);
     assert_eq!(r.results[2].quality.as_ref().unwrap().kl_divergence, 0.01);
@@ -208,6 +215,9 @@ fn an_interrupted_sweep_keeps_every_finished_combination() {
     assert!(!r.complete);
     assert_eq!(r.results.len(), 1, "only the finished combination is reported");
     assert_eq!(r.results[0].decode.tokens_per_sec.n, 3);
+    // No closing probe for an interrupted sweep: the opening one is the roofline.
+    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0]);
+    assert_eq!(r.roofline.by_threads["2"], 20.0);
     let text = serde_json::to_string(&r).unwrap();
     assert!(!report::parse(&text, "partial.json").unwrap().complete);
 }

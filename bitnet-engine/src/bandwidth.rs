@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 
 /// The result of a bandwidth probe.
@@ -27,7 +28,8 @@ pub struct BandwidthReport {
 
 /// A buffer of `bytes` (rounded up to 64) filled with a non-constant pattern.
 pub struct ProbeBuffer {
-    words: Vec<u64>,
+    /// In huge pages, like the weights whose streaming it is the roofline of (see `aligned`).
+    words: PageVec<u64>,
 }
 
 impl ProbeBuffer {
@@ -36,7 +38,10 @@ impl ProbeBuffer {
             return Err(Error::Shape(format!("bandwidth probe needs at least 64 bytes, got {bytes}")));
         }
         let n = bytes.div_ceil(64) * 8;
-        let words = (0..n as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let mut words = PageVec::zeroed(n);
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
         Ok(Self { words })
     }
 

@@ -6,6 +6,7 @@
 //! weight `k`; unused bits of a row's last word are zero. Each `BitPlanes` row stores its mask
 //! words then its sign words, so a kernel streams one contiguous run per row.
 
+use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 use crate::ternary::TernaryMatrix;
@@ -22,8 +23,8 @@ pub struct BitPlaneMatrix {
     cols: usize,
     /// Words per plane per row.
     words: usize,
-    /// `[rows, 2 (mask, sign), words]`.
-    data: Vec<u64>,
+    /// `[rows, 2 (mask, sign), words]`, in huge pages when large (see `aligned`).
+    data: PageVec<u64>,
     scale: f32,
 }
 
@@ -33,7 +34,7 @@ impl BitPlaneMatrix {
             return Err(Error::Shape(format!("bit-plane matrix needs rows > 0 and cols > 0, got {rows}×{cols}")));
         }
         let words = words_for(cols);
-        Ok(Self { rows, cols, words, data: vec![0u64; rows * 2 * words], scale })
+        Ok(Self { rows, cols, words, data: PageVec::zeroed(rows * 2 * words), scale })
     }
 
     fn set_row(&mut self, r: usize, values: &[i8]) {
@@ -119,8 +120,8 @@ pub struct BinaryMatrix {
     rows: usize,
     cols: usize,
     words: usize,
-    /// `[rows, words]`.
-    data: Vec<u64>,
+    /// `[rows, words]`, in huge pages when large.
+    data: PageVec<u64>,
     scale: f32,
 }
 
@@ -138,7 +139,7 @@ impl BinaryMatrix {
             )));
         }
         let words = words_for(m.cols);
-        let mut data = vec![0u64; m.rows * words];
+        let mut data = PageVec::<u64>::zeroed(m.rows * words);
         for (r, dst) in data.chunks_mut(words).enumerate() {
             for (k, &w) in m.row(r).iter().enumerate() {
                 if w < 0 {

@@ -12,6 +12,7 @@
 
 use half::f16;
 
+use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 use crate::formats::tq2::{block_scale, check_qk, uniform_rows, QK_K};
 use crate::rng::SplitMix64;
@@ -27,6 +28,9 @@ pub struct BlockTq1_0 {
 }
 
 const _: () = assert!(std::mem::size_of::<BlockTq1_0>() == 54);
+
+// SAFETY: byte arrays and an f16 (a u16): every bit pattern is a valid block, no padding.
+unsafe impl crate::aligned::Pod for BlockTq1_0 {}
 
 /// Powers of three, the digit multipliers of the decode trick.
 pub const POW3: [u8; 5] = [1, 3, 9, 27, 81];
@@ -55,7 +59,8 @@ pub const fn tq1_digit(byte: u8, n: usize) -> u8 {
 pub struct Tq1Matrix {
     rows: usize,
     cols: usize,
-    blocks: Vec<BlockTq1_0>,
+    /// In huge pages when large (see `aligned`): decode streams it once per token.
+    blocks: PageVec<BlockTq1_0>,
     /// `[rows]`: whether every block of the row has the same scale bits (see `Tq2Matrix`).
     uniform: Vec<bool>,
 }
@@ -98,7 +103,7 @@ impl Tq1Matrix {
             )));
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
-        Ok(Self { rows, cols, blocks, uniform })
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -121,7 +126,7 @@ impl Tq1Matrix {
 
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.byte_len());
-        for b in &self.blocks {
+        for b in self.blocks.iter() {
             out.extend_from_slice(&b.qs);
             out.extend_from_slice(&b.qh);
             out.extend_from_slice(&b.d.to_bits().to_le_bytes());

@@ -6,6 +6,7 @@
 
 use half::f16;
 
+use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 use crate::ternary::TernaryMatrix;
@@ -22,6 +23,9 @@ pub struct BlockTq2_0 {
 }
 
 const _: () = assert!(std::mem::size_of::<BlockTq2_0>() == 66);
+
+// SAFETY: byte arrays and an f16 (a u16): every bit pattern is a valid block, no padding.
+unsafe impl crate::aligned::Pod for BlockTq2_0 {}
 
 /// Byte and shift of weight `i` (0..256) of a TQ2_0 block.
 #[inline]
@@ -57,7 +61,8 @@ pub(crate) fn block_scale(block: &[i8], scale: f32) -> f16 {
 pub struct Tq2Matrix {
     rows: usize,
     cols: usize,
-    blocks: Vec<BlockTq2_0>,
+    /// In huge pages when large (see `aligned`): decode streams it once per token.
+    blocks: PageVec<BlockTq2_0>,
     /// `[rows]`: whether every block of the row has the same scale bits. BitNet tensors have one
     /// scale, so quantizer output is uniform except for all-zero blocks; kernels then sum the
     /// whole row in integers and scale once, which is exactly equal to scaling per block.
@@ -112,7 +117,7 @@ impl Tq2Matrix {
             return Err(Error::Value(format!("TQ2_0 block {i} holds code 3, which is not a ternary code")));
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
-        Ok(Self { rows, cols, blocks, uniform })
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
@@ -157,7 +162,7 @@ impl Tq2Matrix {
     /// The blocks' bytes exactly as they sit in a GGUF file.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.byte_len());
-        for b in &self.blocks {
+        for b in self.blocks.iter() {
             out.extend_from_slice(&b.qs);
             out.extend_from_slice(&b.d.to_bits().to_le_bytes());
         }
