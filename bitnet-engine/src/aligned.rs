@@ -84,6 +84,8 @@ unsafe impl Pod for u8 {}
 unsafe impl Pod for i8 {}
 unsafe impl Pod for u64 {}
 unsafe impl Pod for f32 {}
+// SAFETY: a transparent u16; all-zero bits are +0.0.
+unsafe impl Pod for half::f16 {}
 
 /// A fixed-length, 64-byte aligned array of `T`, zero-initialised, in huge pages when large.
 pub struct PageVec<T: Pod> {

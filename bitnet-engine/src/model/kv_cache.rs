@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::activations::round_even;
+use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 
@@ -281,19 +282,20 @@ fn e4m3_encode(x: f32) -> u8 {
 /// Encoded vectors of one layer, `[seqs, kv_heads, ctx, head_dim]`: floats kept as floats so
 /// reads need no decoding (f32) or only a vectorized conversion (f16); everything else as bytes.
 #[derive(Debug, Clone)]
+/// Large caches sit in huge pages (see `aligned`): attention streams them every step.
 enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(PageVec<f32>),
+    F16(PageVec<f16>),
     /// `[.., vec_bytes]` encoded by `KvPrecision::encode`.
-    Bytes(Vec<u8>),
+    Bytes(PageVec<u8>),
 }
 
 impl Store {
     fn new(p: KvPrecision, vectors: usize, hd: usize) -> Self {
         match p {
-            KvPrecision::F32 => Store::F32(vec![0.0; vectors * hd]),
-            KvPrecision::F16 => Store::F16(vec![f16::ZERO; vectors * hd]),
-            _ => Store::Bytes(vec![0; vectors * p.bytes_per_vector(hd)]),
+            KvPrecision::F32 => Store::F32(PageVec::zeroed(vectors * hd)),
+            KvPrecision::F16 => Store::F16(PageVec::zeroed(vectors * hd)),
+            _ => Store::Bytes(PageVec::zeroed(vectors * p.bytes_per_vector(hd))),
         }
     }
 
