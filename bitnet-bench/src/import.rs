@@ -139,6 +139,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             kernel: String::new(),
             governor: None,
             turbo: None,
+            transparent_hugepage: None,
             pinned: false,
             rustc: String::new(),
         },

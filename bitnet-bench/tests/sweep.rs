@@ -117,6 +117,7 @@ fn sweep(stop_after: Option<usize>) -> Report {
         kernel: "6.1".into(),
         governor: None,
         turbo: None,
+        transparent_hugepage: Some("madvise".into()),
         pinned: false,
         rustc: "rustc 1.95.0".into(),
     };

@@ -41,9 +41,16 @@ enum Storage {
     },
 }
 
+/// Whether large buffers are mapped for huge pages: yes unless the environment variable
+/// `BITNET_HUGE_PAGES` is `0` (to measure what they bring, or to match an engine without them).
+pub fn huge_pages_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("BITNET_HUGE_PAGES").is_none_or(|v| v != "0"))
+}
+
 impl Storage {
     fn zeroed(bytes: usize) -> Self {
-        if bytes >= HUGE_PAGE_MIN {
+        if bytes >= HUGE_PAGE_MIN && huge_pages_enabled() {
             // Over-map by one huge page and start at the first 2 MiB boundary; the pages before
             // it and after the end are never touched, so they cost address space only.
             if let Ok(map) = MmapMut::map_anon(bytes + HUGE_PAGE) {
