@@ -67,6 +67,26 @@ fn threads_and_equivalent_kernels_give_identical_logits() {
 }
 
 #[test]
+fn a_long_prompt_in_16_row_chunks_matches_the_reference_on_any_thread_count() {
+    // 40 tokens prefill as chunks of 16, 16 and 8 rows: the 16-row chunks take the pool's
+    // parallel transpose, the 8-row one the caller's.
+    let model = tiny(WeightFormat::I2);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 512).collect();
+    let gen = |threads| greedy(&model, &mut state(&model, KvPrecision::F32, threads, 1), &prompt, 8, true).unwrap();
+    let one = gen(1);
+    assert_eq!(gen(2), one);
+    assert_eq!(gen(3), one);
+    let mut seq = prompt.clone();
+    seq.extend(&one.tokens[..7]);
+    let reference = reference_logits(&model, &seq);
+    assert_eq!(reference.len(), one.logits.len());
+    for (i, (r, f)) in reference.iter().zip(&one.logits).enumerate() {
+        let c = cosine(r, f);
+        assert!(c >= 0.999, "position {i}: cosine {c}");
+    }
+}
+
+#[test]
 fn a_batch_gives_the_tokens_of_single_runs() {
     let model = tiny(WeightFormat::Tq2_0);
     let prompts: Vec<Vec<u32>> = (0..5u32).map(|s| PROMPT.iter().map(|t| (t * 7 + s * 31) % 512).collect()).collect();

@@ -61,6 +61,22 @@ pub(crate) fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32
     }
 }
 
+/// Columns `cols` of a `[r_n, c_n]` source, transposed: `dst[c − cols.start][r] = src[r][c]`
+/// (one thread's share of [`transpose_into`]: its rows of the destination).
+pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: std::ops::Range<usize>, dst: &mut [f32]) {
+    const T: usize = 8;
+    debug_assert!(cols.end <= c_n && dst.len() >= cols.len() * r_n);
+    for r0 in (0..r_n).step_by(T) {
+        for c0 in cols.clone().step_by(T) {
+            for r in r0..(r0 + T).min(r_n) {
+                for c in c0..(c0 + T).min(cols.end) {
+                    dst[(c - cols.start) * r_n + r] = src[r * c_n + c];
+                }
+            }
+        }
+    }
+}
+
 /// 1 / RMS of a row (RMSNorm's factor).
 #[inline]
 fn inv_rms(row: &[f32], eps: f32) -> f32 {
@@ -287,6 +303,14 @@ mod tests {
                 for c in 0..c_n {
                     assert_eq!(dst[c * r_n + r], src[r * c_n + c]);
                 }
+            }
+            // Any split of the columns, each part transposed alone, gives the same rows.
+            for cut in 0..=c_n {
+                let mut parts = vec![-1.0; r_n * c_n];
+                let (a, b) = parts.split_at_mut(cut * r_n);
+                transpose_cols_into(&src, r_n, c_n, 0..cut, a);
+                transpose_cols_into(&src, r_n, c_n, cut..c_n, b);
+                assert_eq!(parts, dst, "{r_n}×{c_n} cut at {cut}");
             }
         }
     }
