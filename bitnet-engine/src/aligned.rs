@@ -6,9 +6,9 @@
 //! Buffers of [`HUGE_PAGE_MIN`] bytes or more are anonymous mappings aligned to 2 MiB and
 //! advised `MADV_HUGEPAGE`, so that where transparent huge pages are enabled (`always` or
 //! `madvise`) the kernel backs them with 2 MiB pages. Weights are streamed once per token: with
-//! 4 KiB pages every 4 KiB costs a TLB miss and the hardware prefetchers stop at each page
-//! boundary. On the development VMs one thread reads 24–26 GB/s from 4 KiB pages and 32–33 GB/s
-//! from huge pages. The bandwidth probe uses the same buffers, so the roofline is measured on
+//! 4 KiB pages the stream needs a new address translation (a TLB miss and page walk) every
+//! 4 KiB, with huge pages every 2 MiB. On the development VMs one thread reads 24–26 GB/s from
+//! 4 KiB pages and 32–33 GB/s from huge pages. The bandwidth probe uses the same buffers, so the roofline is measured on
 //! the memory the weights live in. Where huge pages are unavailable the advice is ignored and
 //! the buffers are ordinary pages.
 
