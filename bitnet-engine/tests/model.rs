@@ -27,6 +27,21 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
+/// Teacher-forces the reference on `prompt` + the generated tokens (all but the last) and
+/// asserts every position's logits are within cosine 0.999 of the fast path's; returns the
+/// reference logits.
+fn assert_matches_reference(model: &Model, prompt: &[u32], fast: &Generation) -> Vec<Vec<f32>> {
+    let mut seq = prompt.to_vec();
+    seq.extend(&fast.tokens[..fast.tokens.len() - 1]);
+    let reference = reference_logits(model, &seq);
+    assert_eq!(reference.len(), fast.logits.len());
+    for (i, (r, f)) in reference.iter().zip(&fast.logits).enumerate() {
+        let c = cosine(r, f);
+        assert!(c >= 0.999, "position {i}: cosine {c}");
+    }
+    reference
+}
+
 fn run(model: &Model, kv: KvPrecision, threads: usize) -> Generation {
     greedy(model, &mut state(model, kv, threads, 1), &PROMPT, 32, true).unwrap()
 }
@@ -37,14 +52,7 @@ fn fast_forward_matches_the_reference() {
     let fast = run(&model, KvPrecision::F32, 2);
     // The reference sees the prompt and the fast path's generated tokens (teacher forcing),
     // so every position's logits are comparable.
-    let mut seq = PROMPT.to_vec();
-    seq.extend(&fast.tokens[..31]);
-    let reference = reference_logits(&model, &seq);
-    assert_eq!(reference.len(), fast.logits.len());
-    for (i, (r, f)) in reference.iter().zip(&fast.logits).enumerate() {
-        let c = cosine(r, f);
-        assert!(c >= 0.999, "position {i}: cosine {c}");
-    }
+    let reference = assert_matches_reference(&model, &PROMPT, &fast);
     // Identical greedy tokens for 32 steps.
     let ref_tokens: Vec<u32> = reference[PROMPT.len() - 1..].iter().map(|l| bitnet_engine::model::argmax(l)).collect();
     assert_eq!(ref_tokens, fast.tokens);
@@ -76,14 +84,7 @@ fn a_long_prompt_in_16_row_chunks_matches_the_reference_on_any_thread_count() {
     let one = gen(1);
     assert_eq!(gen(2), one);
     assert_eq!(gen(3), one);
-    let mut seq = prompt.clone();
-    seq.extend(&one.tokens[..7]);
-    let reference = reference_logits(&model, &seq);
-    assert_eq!(reference.len(), one.logits.len());
-    for (i, (r, f)) in reference.iter().zip(&one.logits).enumerate() {
-        let c = cosine(r, f);
-        assert!(c >= 0.999, "position {i}: cosine {c}");
-    }
+    assert_matches_reference(&model, &prompt, &one);
 }
 
 #[test]

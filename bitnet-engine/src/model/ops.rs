@@ -49,16 +49,7 @@ pub(crate) fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32
         dst[..r_n].copy_from_slice(&src[..r_n]);
         return;
     }
-    const T: usize = 8;
-    for r0 in (0..r_n).step_by(T) {
-        for c0 in (0..c_n).step_by(T) {
-            for r in r0..(r0 + T).min(r_n) {
-                for c in c0..(c0 + T).min(c_n) {
-                    dst[c * r_n + r] = src[r * c_n + c];
-                }
-            }
-        }
-    }
+    transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
 }
 
 /// Columns `cols` of a `[r_n, c_n]` source, transposed: `dst[c − cols.start][r] = src[r][c]`
