@@ -99,6 +99,16 @@ pub struct Roofline {
 }
 
 impl Roofline {
+    /// Takes a bandwidth figure for `threads` into account: the roofline of that thread count
+    /// is the highest figure seen (and `read_bandwidth_gbps` follows it for `self.threads`).
+    pub fn raise(&mut self, threads: &str, gbps: f64) {
+        let best = self.by_threads.entry(threads.to_string()).or_insert(0.0);
+        *best = best.max(gbps);
+        if threads == self.threads.to_string() {
+            self.read_bandwidth_gbps = *best;
+        }
+    }
+
     /// Largest relative spread between the probes of one thread count, (max − min) / max.
     pub fn probe_spread(&self) -> f64 {
         self.probes_gbps
@@ -354,14 +364,10 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         out.settings.repeat += r.settings.repeat;
         // The roofline of merged runs is the best bandwidth any of them measured.
         for (t, gbps) in &r.roofline.by_threads {
-            let best = out.roofline.by_threads.entry(t.clone()).or_insert(0.0);
-            *best = best.max(*gbps);
+            out.roofline.raise(t, *gbps);
         }
         for (t, probes) in &r.roofline.probes_gbps {
             out.roofline.probes_gbps.entry(t.clone()).or_default().extend(probes);
-        }
-        if let Some(bw) = out.roofline.by_threads.get(&out.roofline.threads.to_string()) {
-            out.roofline.read_bandwidth_gbps = *bw;
         }
         for x in &r.results {
             match out.results.iter_mut().find(|o| o.config == x.config) {

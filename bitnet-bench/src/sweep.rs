@@ -311,10 +311,8 @@ pub fn run_sweep(
             let key = t.to_string();
             let gbps = runner.bandwidth_gbps(t).context("bandwidth probe after the runs")?;
             report.roofline.probes_gbps.entry(key.clone()).or_default().push(gbps);
-            let best = report.roofline.by_threads.entry(key).or_insert(0.0);
-            *best = best.max(gbps);
+            report.roofline.raise(&key, gbps);
         }
-        report.roofline.read_bandwidth_gbps = report.roofline.by_threads[&max_t.to_string()];
         for r in &mut report.results {
             let bw = report.roofline.by_threads[&r.config.threads.to_string()];
             r.decode.roofline_fraction =
