@@ -258,6 +258,18 @@ unsafe fn popcount(words: &[u64]) -> u32 {
 pub(crate) const PREFETCH_L2_BYTES: usize = 32 * 1024;
 pub(crate) const PREFETCH_L1_BYTES: usize = 2 * 1024;
 
+/// Asks for every cache line of `bytes` bytes from `p` in L2: for reads a little later that
+/// are too short for the hardware prefetcher (one attention head's cached keys or values).
+pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
+    let mut b = 0;
+    while b < bytes {
+        // SAFETY: SSE is part of x86-64; a prefetch is a hint that never faults, whatever the
+        // address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(b) as *const i8) };
+        b += 64;
+    }
+}
+
 /// [`prefetch_stream`] for a block of `len` ≤ 64 bytes that may straddle two cache lines
 /// (TQ2_0's 66-byte blocks, TQ1_0's 54): prefetching by block start alone skips one line in
 /// every 33 for 66-byte blocks, and each skipped line is a full DRAM miss in the stream.

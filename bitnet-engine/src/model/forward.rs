@@ -757,6 +757,7 @@ fn attention(
     workers[0].rec.begin_split(t_split);
     let vec_bytes = kv.precision().bytes_per_vector(hd) as u64;
     pool.split(out, hd, 1, workers, |first, chunk, s| {
+        let items = chunk.len() / hd;
         for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
             let item = first + j;
             let (row, head) = (item / heads, item % heads);
@@ -766,6 +767,15 @@ fn attention(
             let t0 = s.rec.start();
             if j == 0 {
                 s.rec.chunk_start = t0;
+                kv.key_rows(layer, seq, kh, pos + 1).prefetch();
+            }
+            // The cache is cold at every step (the weights streamed since evicted it), and one
+            // head's rows are a few KiB, too short for the hardware prefetcher: ask for this
+            // head's values and the next head's keys now, to arrive while the scores run.
+            kv.value_rows(layer, seq, kh, pos + 1).prefetch();
+            if j + 1 < items {
+                let (row, head) = ((item + 1) / heads, (item + 1) % heads);
+                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1).prefetch();
             }
             match kv.key_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(k) => attention_scores(qh, k, scale, scores),
