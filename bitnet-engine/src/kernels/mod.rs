@@ -602,6 +602,18 @@ fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut 
     }
 }
 
+/// The gated FFN activation (`ops::gated_activation_portable`) compiled for AVX-512 where the
+/// CPU has it: the same Rust code, so the same IEEE operations in the same order (Rust never
+/// fuses a multiply and an add on its own), 16 lanes wide instead of the baseline's 4. SiLU
+/// took 2.3 ns per element at baseline x86-64.
+pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return x86_avx512::gated_activation(t, act, gate, up);
+    }
+    crate::model::ops::gated_activation_portable(act, gate, up)
+}
+
 /// Asks for `data`'s cache lines in L2 ahead of its use (nothing where there is no prefetch
 /// instruction).
 pub(crate) fn prefetch_l2<T>(data: &[T]) {
@@ -664,6 +676,30 @@ pub fn sum_words(words: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gated_activation_is_bit_identical_to_the_portable_loop() {
+        use crate::model::FfnActivation;
+        let mut g = crate::rng::SplitMix64::new(5);
+        // Odd length (a vector tail), values over SiLU's whole range, and the clamp edges.
+        let mut gate: Vec<f32> = (0..1037).map(|_| (g.unit_f32() - 0.5) * 40.0).collect();
+        gate.extend([-100.0, -87.5, -87.0, -0.0, 0.0, 1e-30, 87.9, 88.5, 100.0, f32::MIN_POSITIVE]);
+        let up: Vec<f32> = (0..gate.len()).map(|_| g.unit_f32() * 4.0 - 2.0).collect();
+        for act in [FfnActivation::Silu, FfnActivation::ReluSquared] {
+            let (mut fast, mut plain) = (gate.clone(), gate.clone());
+            super::gated_activation(act, &mut fast, &up);
+            crate::model::ops::gated_activation_portable(act, &mut plain, &up);
+            for (i, (a, b)) in fast.iter().zip(&plain).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{act:?} element {i} (gate {}): {a} vs {b}", gate[i]);
+            }
+            // And it is the activation: SiLU(g) × up = g / (1 + e^-g) × up.
+            if act == FfnActivation::Silu {
+                let i = 3;
+                let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
+                assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
+            }
+        }
+    }
+
     #[test]
     fn attention_primitives_are_bit_identical_to_the_portable_loops() {
         let mut g = crate::rng::SplitMix64::new(17);

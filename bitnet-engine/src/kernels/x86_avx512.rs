@@ -796,6 +796,17 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
     }
 }
 
+/// [`crate::model::ops::gated_activation_portable`], vectorized for AVX-512 by the compiler.
+pub(crate) fn gated_activation(_t: Avx512, act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) {
+    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
+    unsafe { gated_activation_impl(act, gate, up) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn gated_activation_impl(act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) {
+    crate::model::ops::gated_activation_portable(act, gate, up)
+}
+
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
 pub(crate) fn sum_words(_t: Avx512, words: &[u64]) -> u64 {
     // SAFETY: the token proves AVX-512F support; every load is inside `words` (i + 8j + 8 ≤ body).

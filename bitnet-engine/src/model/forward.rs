@@ -13,8 +13,8 @@ use crate::kernels::{
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
 use crate::model::ops::{
-    add_in_place, dot16, gated_activation, rms_norm_in_place, rms_norm_rows, rope, rope_angles, softmax_in_place,
-    transpose_cols_into, transpose_into,
+    add_in_place, dot16, rms_norm_in_place, rms_norm_rows, rope, rope_angles, softmax_in_place, transpose_cols_into,
+    transpose_into,
 };
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
@@ -651,7 +651,7 @@ fn linear_gated(
         if wk.rec.on() {
             t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.2, t, up_bytes * r.len() as u64 / n as u64);
         }
-        gated_activation(activation, cg, cu);
+        crate::kernels::gated_activation(activation, cg, cu);
         wk.rec.chunk_end = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
     });
     let rec = &mut workers[0].rec;

@@ -160,7 +160,10 @@ pub(crate) fn exp(x: f32) -> f32 {
 }
 
 /// The gated FFN activation, in place in `gate`: SiLU(gate) × up or ReLU(gate)² × up.
-pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
+/// Runs at the widest ISA this CPU has ([`crate::kernels::gated_activation`]), with identical
+/// results.
+#[inline(always)]
+pub(crate) fn gated_activation_portable(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
     use crate::model::config::FfnActivation;
     match act {
         FfnActivation::Silu => {
