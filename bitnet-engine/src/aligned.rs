@@ -3,21 +3,25 @@
 //! `Vec<u8>` only guarantees 1-byte alignment; SIMD loads of packed blocks that straddle cache
 //! lines cost extra on every x86 core, and a streaming kernel reads nothing else.
 //!
-//! Buffers of [`HUGE_PAGE_MIN`] bytes or more are anonymous mappings aligned to 2 MiB and
+//! Buffers of [`SHARED_MIN`] bytes or more live in anonymous mappings aligned to 2 MiB and
 //! advised `MADV_HUGEPAGE`, so that where transparent huge pages are enabled (`always` or
-//! `madvise`) the kernel backs them with 2 MiB pages. Buffers from [`SHARED_MIN`] up to that
-//! size are carved one after another out of shared 16 MiB huge-page regions, so that a model's
-//! mid-size matrices (the 2B4T K and V projections, all four attention projections of
-//! bitnet-b1.58-large) are on huge pages too without a mostly empty 2 MiB page each. Weights are streamed once per token: with
+//! `madvise`) the kernel backs them with 2 MiB pages. Weights are streamed once per token: with
 //! 4 KiB pages the stream needs a new address translation (a TLB miss and page walk) every
 //! 4 KiB, with huge pages every 2 MiB. On the development VMs one thread reads 24–26 GB/s from
-//! 4 KiB pages and 32–33 GB/s from huge pages. The bandwidth probe uses the same buffers, so the roofline is measured on
-//! the memory the weights live in. Where huge pages are unavailable the advice is ignored and
-//! the buffers are ordinary pages.
+//! 4 KiB pages and 32–33 GB/s from huge pages. The bandwidth probe uses the same buffers, so
+//! the roofline is measured on the memory the weights live in. Where huge pages are
+//! unavailable the advice is ignored and the buffers are ordinary pages.
+//!
+//! Buffers below [`HUGE_PAGE_MIN`] are carved one after another from 64 MiB regions, one
+//! current region per thread: a layer's seven matrices then lie back to back in the order they
+//! were made, which is the order decode reads them, and the kernels see one long stream per
+//! layer instead of seven short ones (a 0.4 MB K projection that starts a new stream read at
+//! 20–23 GB/s beside 26–29 for its neighbours; now all are alike). Larger buffers (embeddings,
+//! LM head, the probe) get a mapping each.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
-
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use memmap2::{Advice, MmapMut};
 
@@ -31,18 +35,19 @@ const _: () = assert!(std::mem::size_of::<Line>() == 64 && std::mem::align_of::<
 /// Size of a transparent huge page on x86-64.
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Buffers from this size on get their own huge-page mapping (the 2B4T Q and O projections,
-/// 1.6 MB, and everything larger).
-pub const HUGE_PAGE_MIN: usize = 1 << 20;
+/// Buffers from this size on get a huge-page mapping of their own (embeddings, LM heads, the
+/// bandwidth probe). Each such mapping is rounded up to whole 2 MiB pages, which for every
+/// matrix of a layer cost 180 MB of RSS on 2B4T before the matrices shared regions.
+pub const HUGE_PAGE_MIN: usize = 16 << 20;
 
-/// Buffers from this size up to [`HUGE_PAGE_MIN`] share huge-page regions: streamed from 4 KiB
-/// pages, the 0.4 MB 2B4T K and V projections read at about half the speed of their
-/// neighbours on our VMs (11–13 against 22–28 GB/s, one thread). Smaller buffers stay on the
-/// heap.
+/// Buffers from this size up to [`HUGE_PAGE_MIN`] are carved from shared huge-page regions.
+/// From 4 KiB pages, the 0.4 MB 2B4T K and V projections streamed at about half the speed of
+/// their neighbours (11–13 against 22–28 GB/s, one thread). Smaller buffers stay on the heap.
 pub const SHARED_MIN: usize = 64 << 10;
 
-/// Size of one shared region (eight huge pages).
-const REGION_BYTES: usize = 8 * HUGE_PAGE;
+/// Size of one shared region (32 huge pages; a 2B4T layer is 17.4 MB). Only its touched huge
+/// pages take memory, so a region's unused tail costs address space, not RSS.
+const REGION_BYTES: usize = 32 * HUGE_PAGE;
 
 /// Zero-initialised, 64-byte aligned memory: heap lines, a mapping for huge pages, or a range
 /// of a shared huge-page region.
@@ -70,14 +75,19 @@ struct Region {
 }
 
 // SAFETY: `base` points into `_map`, which lives as long as the Region; every buffer that
-// reads or writes through it owns a distinct range (handed out once under `CURRENT`'s lock),
+// reads or writes through it owns a distinct range (handed out once, by the one thread that carves from it),
 // so no two threads ever touch the same bytes through a shared Region.
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
-/// The region new shared buffers are carved from, and its first unused byte. Weak, so that a
-/// region whose buffers were all dropped is unmapped even while it is the current one.
-static CURRENT: Mutex<Option<(Weak<Region>, usize)>> = Mutex::new(None);
+thread_local! {
+    /// The region this thread carves new shared buffers from, and its first unused byte. Per
+    /// thread, so that what one thread allocates in order (a layer's matrices, when weights are
+    /// generated or loaded on several threads) lies in order in memory, one stream for the
+    /// kernels. Weak, so that a region whose buffers were all dropped is unmapped even while it
+    /// is the current one.
+    static CURRENT: RefCell<Option<(Weak<Region>, usize)>> = const { RefCell::new(None) };
+}
 
 impl Region {
     fn new() -> Option<Arc<Region>> {
@@ -91,21 +101,20 @@ impl Region {
     /// `bytes` (≤ `REGION_BYTES`) fresh, zeroed bytes at a 64-byte aligned offset.
     fn carve(bytes: usize) -> Option<(Arc<Region>, usize)> {
         let bytes = bytes.div_ceil(64) * 64;
-        // A poisoned lock only means another thread panicked while carving; the state (a
-        // region and an offset) is valid at every point, so carry on with it.
-        let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((weak, next)) = current.as_mut() {
-            if let Some(region) = weak.upgrade() {
-                if *next + bytes <= REGION_BYTES {
-                    let offset = *next;
-                    *next += bytes;
-                    return Some((region, offset));
+        CURRENT.with_borrow_mut(|current| {
+            if let Some((weak, next)) = current.as_mut() {
+                if let Some(region) = weak.upgrade() {
+                    if *next + bytes <= REGION_BYTES {
+                        let offset = *next;
+                        *next += bytes;
+                        return Some((region, offset));
+                    }
                 }
             }
-        }
-        let region = Region::new()?;
-        *current = Some((Arc::downgrade(&region), bytes));
-        Some((region, 0))
+            let region = Region::new()?;
+            *current = Some((Arc::downgrade(&region), bytes));
+            Some((region, 0))
+        })
     }
 }
 
