@@ -413,6 +413,43 @@ pub(crate) fn tq1_digit_order(x: &[i8], dst: &mut [i8]) {
     }
 }
 
+/// One token's activations for a TQ1_0 row read as one stream of 64-byte chunks, blocks and
+/// their scales included: vector n of chunk c holds in lane j the activation that
+/// [`tq1_digit_order`] gives to digit n of row byte 64c + j, and 0 where that byte is a block
+/// scale (`d`) or lies past the row. A kernel then uses all 64 lanes of every load, where
+/// block-aligned loads use 52. `dst.len()` must be `row_chunks(x.len() / 256) × 320`.
+pub(crate) fn tq1_row_digit_order(x: &[i8], dst: &mut [i8]) {
+    const BLOCK_BYTES: usize = std::mem::size_of::<BlockTq1_0>();
+    debug_assert!(dst.len() == tq1_row_chunks(x.len() / QK_K) * TQ1_DIGIT_BLOCK);
+    dst.fill(0);
+    // Activations `src` for digit n of row bytes p.., split where they cross a chunk boundary.
+    let mut put = |n: usize, mut p: usize, mut src: &[i8]| {
+        while !src.is_empty() {
+            let len = src.len().min(64 - p % 64);
+            let at = p / 64 * TQ1_DIGIT_BLOCK + 64 * n + p % 64;
+            dst[at..at + len].copy_from_slice(&src[..len]);
+            (p, src) = (p + len, &src[len..]);
+        }
+    };
+    // The lanes of `tq1_digit_order`: qs[0..32] digit n ↔ weights 32n.., qs[32..48] ↔
+    // 160 + 16n.., qh[0..4] ↔ 240 + 4n.. (no fifth digit).
+    for (blk, src) in x.chunks_exact(QK_K).enumerate() {
+        let p = blk * BLOCK_BYTES;
+        for n in 0..5 {
+            put(n, p, &src[32 * n..32 * n + 32]);
+            put(n, p + 32, &src[160 + 16 * n..176 + 16 * n]);
+            if n < 4 {
+                put(n, p + 48, &src[240 + 4 * n..244 + 4 * n]);
+            }
+        }
+    }
+}
+
+/// 64-byte chunks that cover a row of `blocks` TQ1_0 blocks.
+pub(crate) fn tq1_row_chunks(blocks: usize) -> usize {
+    (blocks * std::mem::size_of::<BlockTq1_0>()).div_ceil(64)
+}
+
 /// Decodes the 4 qh digits of a TQ1_0 block into `dst[240..256]` (shared by the SIMD paths:
 /// 4 bytes are not worth a vector).
 #[inline(always)]

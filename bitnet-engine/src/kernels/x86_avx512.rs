@@ -8,7 +8,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::portable::{i2_tail_dot, run, tq1_digit_order, IsaOps, TQ1_DIGIT_BLOCK};
+use super::portable::{
+    i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, IsaOps, TQ1_DIGIT_BLOCK,
+};
 use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_stream, prefetch_stream_span,
     tq1_rows_with,
@@ -567,13 +569,23 @@ unsafe fn tq1_fused(
     scratch: &mut KernelScratch,
 ) {
     let batch = x.batch();
-    let stride = w.blocks_per_row() * TQ1_DIGIT_BLOCK;
+    // One token: activations in row-stream order (every lane of every load used); more tokens:
+    // in block order, for the decode-once kernel.
+    let stride = if batch == 1 {
+        tq1_row_chunks(w.blocks_per_row()) * TQ1_DIGIT_BLOCK
+    } else {
+        w.blocks_per_row() * TQ1_DIGIT_BLOCK
+    };
     if scratch.tq1_digits.len() < batch * stride {
         scratch.tq1_digits = AlignedBytes::zeroed(batch * stride);
     }
     let digits = &mut scratch.tq1_digits.as_i8_mut()[..batch * stride];
-    for (b, d) in digits.chunks_exact_mut(stride).enumerate() {
-        tq1_digit_order(x.token(b), d);
+    if batch == 1 {
+        tq1_row_digit_order(x.token(0), digits);
+    } else {
+        for (b, d) in digits.chunks_exact_mut(stride).enumerate() {
+            tq1_digit_order(x.token(b), d);
+        }
     }
     let xd = scratch.tq1_digits.as_slice().as_ptr();
     let mut r = rows.start;
@@ -616,21 +628,29 @@ unsafe fn tq1_fused(
 /// `y_n = 3^n q mod 256` the digit is the carry of `3 y_n`, i.e. `256 · digit_n = 3 y_n − y_{n+1}`
 /// exactly, lane by lane, for every byte value. So Σ digit·x = (3 Σ y_n x_n − Σ y_{n+1} x_n) / 256:
 /// two `vpdpbusd` on the raw bytes per digit and no compares. For one token that beats decoding
-/// (2B4T gate/up in cache: 9.6 vs 6.9 GB/s); from two tokens on, decoding once wins. Lane sums
-/// stay below 2^31 for K < 800k (≤ 5 · 4 · 255 · 128 per block).
+/// (2B4T gate/up in cache: 9.6 vs 6.9 GB/s); from two tokens on, decoding once wins.
+///
+/// The row is read as one stream of 64-byte chunks across block boundaries, activations in
+/// [`tq1_row_digit_order`]: the block scales inside a chunk meet zero activations and add
+/// nothing, and all 64 lanes work (block-aligned loads used 52). The last chunk is a masked
+/// load that stops at the row's end. Lane sums stay below 2^31 for K < 800k (≤ 5 · 4 · 255 ·
+/// 128 per chunk).
 #[inline(always)]
 unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &ActivationBatch, xd: *const u8, out: &mut [f32]) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
+    let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
+    let chunks = tq1_row_chunks(w.blocks_per_row());
     // Two accumulators of each kind per row, alternating by digit (more did not help).
     let mut yx = [[_mm512_setzero_si512(); 2]; R];
     let mut nx = [[_mm512_setzero_si512(); 2]; R];
-    for blk in 0..w.blocks_per_row() {
-        let off = blk * std::mem::size_of::<BlockTq1_0>();
+    for c in 0..chunks {
+        let off = 64 * c;
+        let lanes = if c + 1 < chunks { u64::MAX } else { u64::MAX >> (64 - (row_bytes - off)) };
         let mut y: [__m512i; R] = std::array::from_fn(|i| {
             prefetch_stream(src[i].add(off));
-            _mm512_maskz_loadu_epi8(TQ1_CODE_LANES, src[i].add(off) as *const i8)
+            _mm512_maskz_loadu_epi8(lanes, src[i].add(off) as *const i8)
         });
-        let xb = xd.add(blk * TQ1_DIGIT_BLOCK);
+        let xb = xd.add(c * TQ1_DIGIT_BLOCK);
         for n in 0..5 {
             // One activation load serves every row of the tile.
             let xv = load(xb.add(64 * n));
