@@ -915,7 +915,18 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
     debug_assert!(keys.len() >= out.len() * hd);
     let (row_bytes, rows) = (hd * std::mem::size_of::<K>(), out.len());
     prefetch_l2(keys.as_ptr() as *const u8, row_bytes * KV_PREFETCH_ROWS.min(rows));
-    for (p, o) in out.iter_mut().enumerate() {
+    let mut p = 0;
+    while p + 16 <= rows {
+        for j in 0..16 {
+            if p + j + KV_PREFETCH_ROWS < rows {
+                prefetch_l2(keys.as_ptr().add((p + j + KV_PREFETCH_ROWS) * hd) as *const u8, row_bytes);
+            }
+        }
+        let v = scores16(q, keys.as_ptr().add(p * hd));
+        _mm512_storeu_ps(out.as_mut_ptr().add(p), _mm512_mul_ps(v, _mm512_set1_ps(scale)));
+        p += 16;
+    }
+    for (p, o) in out.iter_mut().enumerate().skip(p) {
         let k = keys.as_ptr().add(p * hd);
         if p + KV_PREFETCH_ROWS < rows {
             prefetch_l2(k.add(KV_PREFETCH_ROWS * hd) as *const u8, row_bytes);
@@ -930,6 +941,48 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
         }
         *o = reduce_fixed(acc) * scale;
     }
+}
+
+/// Unscaled scores of 16 consecutive keys from `k` (rows of `q.len()`), lane j = key j, each
+/// bit-identical to [`reduce_fixed`] of that key's 16-lane accumulator: the accumulators are
+/// built the same way, and the reduction tree below adds the same pairs (lanes l + l+8, then
+/// l + l+4, l + l+2, l + l+1) for 16 keys at once with shuffles, instead of one key at a time
+/// down a chain of dependent extracts (7.9 ns per key in L1 for 96 dims).
+#[inline(always)]
+unsafe fn scores16<K: Lanes>(q: &[f32], k: *const K) -> __m512 {
+    let hd = q.len();
+    // Accumulator 4i + c holds key 4c + i: after the tree, lane 4c + i is then key 4c + i.
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut i = 0;
+    while i < hd {
+        let n = (hd - i).min(16);
+        let m = ((1u32 << n) - 1) as __mmask16;
+        let qv = f32::load16(q.as_ptr().add(i), n);
+        for (a, slot) in acc.iter_mut().enumerate() {
+            let key = 4 * (a % 4) + a / 4;
+            let prod = _mm512_mul_ps(qv, K::load16(k.add(key * hd + i), n));
+            *slot = _mm512_mask_add_ps(*slot, m, *slot, prod);
+        }
+        i += 16;
+    }
+    // l + l+8: blocks [A 0-7 | B 0-7].
+    let t: [__m512; 8] = std::array::from_fn(|j| {
+        let (a, b) = (acc[2 * j], acc[2 * j + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
+    });
+    // l + l+4: blocks [A | B | C | D], 4 lanes each.
+    let u: [__m512; 4] = std::array::from_fn(|j| {
+        let (a, b) = (t[2 * j], t[2 * j + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
+    });
+    // l + l+2: block c of w[j] is [u[2j] block c: 2 lanes | u[2j+1] block c: 2 lanes].
+    let w: [__m512; 2] = std::array::from_fn(|j| {
+        let (a, b) = (_mm512_castps_pd(u[2 * j]), _mm512_castps_pd(u[2 * j + 1]));
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)))
+    });
+    // l + l+1: block c is [u[0], u[1], u[2], u[3]] block c, i.e. accumulators c, 4 + c, 8 + c,
+    // 12 + c, which hold keys 4c, 4c + 1, 4c + 2, 4c + 3.
+    _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]), _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]))
 }
 
 #[inline(always)]
