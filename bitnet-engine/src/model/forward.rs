@@ -771,12 +771,9 @@ fn attention(
             }
             // The cache is cold at every step (the weights streamed since evicted it), and one
             // head's rows are a few KiB, too short for the hardware prefetcher: ask for this
-            // head's values and the next head's keys now, to arrive while the scores run.
+            // head's values now, to arrive while the scores run, and (below) for the next
+            // head's keys while the weighted sum runs.
             kv.value_rows(layer, seq, kh, pos + 1).prefetch();
-            if j + 1 < items {
-                let (row, head) = ((item + 1) / heads, (item + 1) % heads);
-                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1).prefetch();
-            }
             match kv.key_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(k) => attention_scores(qh, k, scale, scores),
                 KvRows::F16(k) => attention_scores(qh, k, scale, scores),
@@ -791,6 +788,10 @@ fn attention(
             // Attention weights, in place.
             softmax_in_place(scores);
             let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
+            if j + 1 < items {
+                let (row, head) = ((item + 1) / heads, (item + 1) % heads);
+                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1).prefetch();
+            }
             o.fill(0.0);
             match kv.value_rows(layer, seq, kh, pos + 1) {
                 KvRows::F32(v) => attention_weighted_sum(scores, v, o),
