@@ -75,8 +75,8 @@ struct Region {
 }
 
 // SAFETY: `base` points into `_map`, which lives as long as the Region; every buffer that
-// reads or writes through it owns a distinct range (handed out once, by the one thread that carves from it),
-// so no two threads ever touch the same bytes through a shared Region.
+// reads or writes through it owns a distinct range (handed out once, by the one thread that
+// carves from it), so no two threads ever touch the same bytes through a shared Region.
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
@@ -89,11 +89,21 @@ thread_local! {
     static CURRENT: RefCell<Option<(Weak<Region>, usize)>> = const { RefCell::new(None) };
 }
 
+/// An anonymous mapping with `bytes` (a multiple of 2 MiB) usable from `offset`, its first 2 MiB
+/// boundary, advised for huge pages. The map is one huge page longer than `bytes`; the pages
+/// before the boundary are never touched, so they cost address space only. The advice may be
+/// refused (no transparent huge pages), and the mapping then works with ordinary pages.
+fn huge_page_map(bytes: usize) -> Option<(MmapMut, usize)> {
+    debug_assert!(bytes.is_multiple_of(HUGE_PAGE));
+    let map = MmapMut::map_anon(bytes + HUGE_PAGE).ok()?;
+    let offset = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+    let _ = map.advise_range(Advice::HugePage, offset, bytes);
+    Some((map, offset))
+}
+
 impl Region {
     fn new() -> Option<Arc<Region>> {
-        let mut map = MmapMut::map_anon(REGION_BYTES + HUGE_PAGE).ok()?;
-        let offset = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-        let _ = map.advise_range(Advice::HugePage, offset, REGION_BYTES);
+        let (mut map, offset) = huge_page_map(REGION_BYTES)?;
         let base = map[offset..].as_mut_ptr();
         Some(Arc::new(Region { _map: map, base }))
     }
@@ -128,17 +138,10 @@ pub fn huge_pages_enabled() -> bool {
 impl Storage {
     fn zeroed(bytes: usize) -> Self {
         if bytes >= HUGE_PAGE_MIN && huge_pages_enabled() {
-            // Whole huge pages from the first 2 MiB boundary of a map one page longer: the
-            // kernel only backs fully advised, aligned 2 MiB ranges with huge pages, so advising
-            // just `bytes` would leave a 1.6 MB matrix, and every matrix's last partial 2 MiB,
-            // on 4 KiB pages (16% of the 2B4T weights). The rounding costs under 2 MiB of memory
-            // per buffer; the pages before the boundary are never touched.
-            let whole = bytes.div_ceil(HUGE_PAGE) * HUGE_PAGE;
-            if let Ok(map) = MmapMut::map_anon(whole + HUGE_PAGE) {
-                let offset = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-                // Advice only: kernels without transparent huge pages refuse it, and the
-                // mapping then works with ordinary pages.
-                let _ = map.advise_range(Advice::HugePage, offset, whole);
+            // Whole huge pages: the kernel only backs fully advised, aligned 2 MiB ranges with
+            // huge pages, so advising just `bytes` would leave each buffer's last partial 2 MiB
+            // on 4 KiB pages. The rounding costs under 2 MiB of memory per buffer.
+            if let Some((map, offset)) = huge_page_map(bytes.div_ceil(HUGE_PAGE) * HUGE_PAGE) {
                 return Storage::Mapped { map, offset };
             }
         }
@@ -350,9 +353,8 @@ mod tests {
 
     #[test]
     fn mid_size_buffers_are_disjoint_zeroed_ranges_of_shared_regions() {
-        // Other tests allocate concurrently, so only what holds whatever they do is asserted:
-        // each buffer is in advised memory, aligned, zeroed, and writes to one never show in
-        // another.
+        // Only what holds whatever else this thread allocated before is asserted: each buffer
+        // is in advised memory, aligned, zeroed, and writes to one never show in another.
         let sizes = [SHARED_MIN, SHARED_MIN + 1, 3 * SHARED_MIN + 100, HUGE_PAGE_MIN - 64];
         let mut bufs: Vec<PageVec<u8>> = sizes.iter().map(|&n| PageVec::zeroed(n)).collect();
         for (i, b) in bufs.iter_mut().enumerate() {

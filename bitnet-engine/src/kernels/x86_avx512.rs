@@ -909,28 +909,31 @@ unsafe fn reduce_fixed(v: __m512) -> f32 {
 /// without this, large-preset decode read keys and values at 6–7 GB/s.
 const KV_PREFETCH_ROWS: usize = 32;
 
+/// Prefetches rows `from..to` (clipped to the `rows` there are) of a cache block at `base`.
+#[inline(always)]
+unsafe fn prefetch_kv_rows(base: *const u8, row_bytes: usize, from: usize, to: usize, rows: usize) {
+    let to = to.min(rows);
+    if from < to {
+        prefetch_l2(base.add(from * row_bytes), (to - from) * row_bytes);
+    }
+}
+
 #[inline(always)]
 unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     debug_assert!(keys.len() >= out.len() * hd);
-    let (row_bytes, rows) = (hd * std::mem::size_of::<K>(), out.len());
-    prefetch_l2(keys.as_ptr() as *const u8, row_bytes * KV_PREFETCH_ROWS.min(rows));
+    let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), out.len(), keys.as_ptr() as *const u8);
+    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
     let mut p = 0;
     while p + 16 <= rows {
-        for j in 0..16 {
-            if p + j + KV_PREFETCH_ROWS < rows {
-                prefetch_l2(keys.as_ptr().add((p + j + KV_PREFETCH_ROWS) * hd) as *const u8, row_bytes);
-            }
-        }
+        prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 16, rows);
         let v = scores16(q, keys.as_ptr().add(p * hd));
         _mm512_storeu_ps(out.as_mut_ptr().add(p), _mm512_mul_ps(v, _mm512_set1_ps(scale)));
         p += 16;
     }
     for (p, o) in out.iter_mut().enumerate().skip(p) {
         let k = keys.as_ptr().add(p * hd);
-        if p + KV_PREFETCH_ROWS < rows {
-            prefetch_l2(k.add(KV_PREFETCH_ROWS * hd) as *const u8, row_bytes);
-        }
+        prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
         let mut acc = _mm512_setzero_ps();
         let mut i = 0;
         while i < hd {
@@ -989,17 +992,17 @@ unsafe fn scores16<K: Lanes>(q: &[f32], k: *const K) -> __m512 {
 unsafe fn axpy_impl<K: Lanes>(w: &[f32], values: &[K], o: &mut [f32]) {
     let hd = o.len();
     debug_assert!(values.len() >= w.len() * hd);
-    let (row_bytes, rows) = (hd * std::mem::size_of::<K>(), w.len());
-    prefetch_l2(values.as_ptr() as *const u8, row_bytes * KV_PREFETCH_ROWS.min(rows));
+    let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), w.len(), values.as_ptr() as *const u8);
+    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
     let mut i = 0;
     while i < hd {
         let n = (hd - i).min(16);
         let m = ((1u32 << n) - 1) as __mmask16;
         let mut acc = f32::load16(o.as_ptr().add(i), n);
         for (p, wp) in w.iter().enumerate() {
-            if i == 0 && p + KV_PREFETCH_ROWS < rows {
+            if i == 0 {
                 // The first pass over the positions brings in whole rows for the later ones.
-                prefetch_l2(values.as_ptr().add((p + KV_PREFETCH_ROWS) * hd) as *const u8, row_bytes);
+                prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
             }
             let prod = _mm512_mul_ps(_mm512_set1_ps(*wp), K::load16(values.as_ptr().add(p * hd + i), n));
             acc = _mm512_add_ps(acc, prod);
