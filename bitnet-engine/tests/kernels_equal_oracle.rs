@@ -273,6 +273,30 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
     }
 }
 
+/// The one-token TQ1 kernel reduces its lanes in i32 up to 1600 row chunks and in i64 beyond:
+/// rows on both sides of that limit, with code bytes 255 (every digit 2) and activations −127
+/// (the worst case for overflow), equal the oracle.
+#[test]
+fn tq1_long_rows_on_both_sides_of_the_i32_limit_equal_oracle() {
+    // 1896 blocks × 54 bytes = 1600 chunks of 64 bytes: the i32 path at its limit, lanes at
+    // 91% of the i32 range (the bound assumes |x| = 128 and no scale bytes). 2200 blocks = 1857
+    // chunks, where i32 lanes would overflow: the i64 path (raising the limit fails here).
+    for blocks_per_row in [1896usize, 2200] {
+        let (n, k) = (3, blocks_per_row * QK_K);
+        let block = BlockTq1_0 { qs: [255; 48], qh: [255; 4], d: half::f16::from_f32(0.03) };
+        let blocks = vec![block; n * blocks_per_row];
+        let w = PackedWeights::Tq1(Tq1Matrix::from_blocks(n, k, blocks).unwrap());
+        let mut x = ActivationBatch::new(1, k).unwrap();
+        x.quantize(&vec![-1.0; k]).unwrap();
+        assert_eq!(x.token(0)[k - 1], -127);
+        let want = oracle(&w, &x, 0..n);
+        for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
+            let what = format!("{blocks_per_row} blocks per row");
+            assert_same(kernel, WeightFormat::Tq1_0, &what, &run(kernel, &w, &x, 0..n), &want);
+        }
+    }
+}
+
 #[test]
 fn oracle_matches_dequantized_f64_arithmetic() {
     // The oracle's outputs are the real-valued products of dequantized weights and activations,

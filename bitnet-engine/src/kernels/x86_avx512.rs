@@ -662,13 +662,52 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
             }
         }
     }
+    let dots: [i64; R] = if chunks <= TQ1_I32_CHUNKS {
+        // Per lane, 3·Σy·x − Σnext·x is 256 × that lane's Σ digit·x, exactly (see the limit):
+        // shift each lane, then reduce the rows' lanes together.
+        let lanes: [__m512i; R] = std::array::from_fn(|i| {
+            let yx = _mm512_add_epi32(yx[i][0], yx[i][1]);
+            let scaled =
+                _mm512_sub_epi32(_mm512_add_epi32(yx, _mm512_add_epi32(yx, yx)), _mm512_add_epi32(nx[i][0], nx[i][1]));
+            _mm512_srai_epi32::<8>(scaled)
+        });
+        if R == 2 {
+            let (a, b) = reduce_two(lanes[0], lanes[R - 1]);
+            std::array::from_fn(|i| if i == 0 { a as i64 } else { b as i64 })
+        } else {
+            std::array::from_fn(|i| _mm512_reduce_add_epi32(lanes[i]) as i64)
+        }
+    } else {
+        std::array::from_fn(|i| {
+            let scaled = 3 * reduce_i64(&yx[i]) - reduce_i64(&nx[i]);
+            debug_assert!(scaled % 256 == 0, "3·y − next is 256 × the digit in every lane");
+            scaled / 256
+        })
+    };
     for i in 0..R {
-        let scaled = 3 * reduce_i64(&yx[i]) - reduce_i64(&nx[i]);
-        debug_assert!(scaled % 256 == 0, "3·y − next is 256 × the digit in every lane");
-        let isum = scaled / 256 - x.sum(0) as i64;
+        let isum = dots[i] - x.sum(0) as i64;
         let d = f16_to_f64(w.row(r + i)[0].d);
         out[i] = finish_blocks(d * isum as f64, x.scale(0));
     }
+}
+
+/// Rows of at most this many 64-byte chunks reduce [`tq1_telescoped`]'s lanes in i32. The
+/// lane sums Σy·x and Σnext·x may wrap (vpdpbusd and the adds are modulo 2³²), so
+/// 3·Σy·x − Σnext·x comes out exact whenever its true value, 256 × the lane's Σ digit·x, fits
+/// in i32: a lane holds 20 digits per chunk, each |digit·x| ≤ 2 · 128, so up to 1638 chunks
+/// (about 490k weights per row). Longer rows reduce in i64.
+const TQ1_I32_CHUNKS: usize = 1600;
+
+/// Lane sums of two rows at once: (Σ a, Σ b).
+#[inline(always)]
+unsafe fn reduce_two(a: __m512i, b: __m512i) -> (i32, i32) {
+    // [a.lo256 | b.lo256] + [a.hi256 | b.hi256]: 8 lanes of each row.
+    let u = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(a, b), _mm512_shuffle_i64x2::<0xEE>(a, b));
+    // Within each 256-bit half, add the other 128-bit lane, then the other 64 and 32 bits.
+    let u = _mm512_add_epi32(u, _mm512_shuffle_i64x2::<0xB1>(u, u));
+    let u = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0x4E>(u));
+    let u = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0xB1>(u));
+    (_mm512_cvtsi512_si32(u), _mm_cvtsi128_si32(_mm512_extracti32x4_epi32::<2>(u)))
 }
 
 /// Row `r` (uniform scale) × tokens `b0..b0+G`: each digit's codes are computed once
