@@ -282,7 +282,7 @@ fn tq1_long_rows_on_both_sides_of_the_i32_limit_equal_oracle() {
     // 91% of the i32 range (the bound assumes |x| = 128 and no scale bytes). 2200 blocks = 1857
     // chunks, where i32 lanes would overflow: the i64 path (raising the limit fails here).
     for blocks_per_row in [1896usize, 2200] {
-        let (n, k) = (3, blocks_per_row * QK_K);
+        let (n, k) = (7, blocks_per_row * QK_K); // tiles of four, two and one row
         let block = BlockTq1_0 { qs: [255; 48], qh: [255; 4], d: half::f16::from_f32(0.03) };
         let blocks = vec![block; n * blocks_per_row];
         let w = PackedWeights::Tq1(Tq1Matrix::from_blocks(n, k, blocks).unwrap());

@@ -523,12 +523,14 @@ const TQ1_CODE_LANES: __mmask64 = (1u64 << 52) - 1;
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn times3(y: __m512i) -> __m512i {
-    let out: __m512i;
+    // The scratch register is a typed output: an untyped `out(zmm_reg) _` is printed with a
+    // byte-register name when it lands in zmm16–31 (an LLVM quirk), which does not assemble.
+    let (out, _two_y): (__m512i, __m512i);
     std::arch::asm!(
-        "vpaddb {t}, {y}, {y}",
-        "vpaddb {o}, {t}, {y}",
+        "vpaddb {t:z}, {y:z}, {y:z}",
+        "vpaddb {o:z}, {t:z}, {y:z}",
         y = in(zmm_reg) y,
-        t = out(zmm_reg) _,
+        t = out(zmm_reg) _two_y,
         o = lateout(zmm_reg) out,
         options(pure, nomem, nostack, preserves_flags),
     );
@@ -598,6 +600,15 @@ unsafe fn tq1_fused(
             continue;
         }
         if batch == 1 {
+            // Four rows per pass where they are uniform: the rows lie back to back (one 2 KiB
+            // stretch for 2B4T), and each activation load and row epilogue serves four rows.
+            // 2B4T TQ1 decode, one thread, alternating builds: linears 12.5-13.5 -> 14.1 GB/s.
+            let four = r + 4 <= rows.end && (r + 1..r + 4).all(|i| w.row_has_uniform_scale(i));
+            if four {
+                tq1_telescoped::<4>(w, r, x, xd, o);
+                r += 4;
+                continue;
+            }
             if two {
                 tq1_telescoped::<2>(w, r, x, xd, o);
             } else {
@@ -674,6 +685,11 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
         if R == 2 {
             let (a, b) = reduce_two(lanes[0], lanes[R - 1]);
             std::array::from_fn(|i| if i == 0 { a as i64 } else { b as i64 })
+        } else if R == 4 {
+            let (a, b) = reduce_two(lanes[0], lanes[1]);
+            let (c, d) = reduce_two(lanes[2], lanes[R - 1]);
+            let v = [a, b, c, d];
+            std::array::from_fn(|i| v[i] as i64)
         } else {
             std::array::from_fn(|i| _mm512_reduce_add_epi32(lanes[i]) as i64)
         }
