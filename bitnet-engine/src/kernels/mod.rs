@@ -614,6 +614,26 @@ pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &
     crate::model::ops::gated_activation_portable(act, gate, up)
 }
 
+/// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for AVX-512 where the CPU has
+/// it, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
+/// took about 1 ns per element, on the caller thread while the others wait.
+pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return x86_avx512::rms_norm_rows(t, x, weight, eps, out);
+    }
+    crate::model::ops::rms_norm_rows_portable(x, weight, eps, out)
+}
+
+/// In-place twin of [`rms_norm_rows`].
+pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return x86_avx512::rms_norm_in_place(t, x, weight, eps);
+    }
+    crate::model::ops::rms_norm_in_place_portable(x, weight, eps)
+}
+
 /// Asks for `data`'s cache lines in L2 ahead of its use (nothing where there is no prefetch
 /// instruction).
 pub(crate) fn prefetch_l2<T>(data: &[T]) {
@@ -697,6 +717,32 @@ mod tests {
                 let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
                 assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
             }
+        }
+    }
+
+    #[test]
+    fn rms_norm_is_bit_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(9);
+        for n in [7usize, 16, 1536, 2560, 4099] {
+            let rows = 3;
+            let mut x: Vec<f32> = (0..rows * n).map(|_| (g.unit_f32() - 0.5) * 8.0).collect();
+            x[n..2 * n].fill(0.0); // a zero row: eps alone sets the factor
+            x[2 * n] = 1e30; // a huge element in the last row
+            let w: Vec<f32> = (0..n).map(|_| g.unit_f32() * 2.0).collect();
+            let (mut fast, mut plain) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+            super::rms_norm_rows(&x, &w, 1e-5, &mut fast);
+            crate::model::ops::rms_norm_rows_portable(&x, &w, 1e-5, &mut plain);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&plain), "rows, n {n}");
+            let (mut fast_ip, mut plain_ip) = (x.clone(), x.clone());
+            super::rms_norm_in_place(&mut fast_ip, &w, 1e-5);
+            crate::model::ops::rms_norm_in_place_portable(&mut plain_ip, &w, 1e-5);
+            assert_eq!(bits(&fast_ip), bits(&plain_ip), "in place, n {n}");
+            assert_eq!(bits(&fast_ip), bits(&fast), "in place = into out, n {n}");
+            // And it is RMSNorm: x / sqrt(mean(x²) + eps) × w, checked in f64 on the first row.
+            let ms: f64 = x[..n].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64;
+            let want = x[3] as f64 / (ms + 1e-5).sqrt() * w[3] as f64;
+            assert!((fast[3] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[3]);
         }
     }
 

@@ -920,6 +920,26 @@ unsafe fn gated_activation_impl(act: crate::model::FfnActivation, gate: &mut [f3
     crate::model::ops::gated_activation_portable(act, gate, up)
 }
 
+pub(crate) fn rms_norm_rows(_t: Avx512, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
+    unsafe { rms_norm_rows_impl(x, weight, eps, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn rms_norm_rows_impl(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    crate::model::ops::rms_norm_rows_portable(x, weight, eps, out)
+}
+
+pub(crate) fn rms_norm_in_place(_t: Avx512, x: &mut [f32], weight: &[f32], eps: f32) {
+    // SAFETY: as for `rms_norm_rows`.
+    unsafe { rms_norm_in_place_impl(x, weight, eps) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn rms_norm_in_place_impl(x: &mut [f32], weight: &[f32], eps: f32) {
+    crate::model::ops::rms_norm_in_place_portable(x, weight, eps)
+}
+
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
 pub(crate) fn sum_words(_t: Avx512, words: &[u64]) -> u64 {
     // SAFETY: the token proves AVX-512F support; every load is inside `words` (i + 8j + 8 ≤ body).

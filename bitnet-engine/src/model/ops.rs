@@ -28,6 +28,12 @@ fn reduce_lanes(mut lanes: [f32; LANES]) -> f32 {
 /// fused multiply-add, no reassociation), so attention is bit-identical across machines.
 #[inline]
 pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    dot16_inline(a, b)
+}
+
+/// [`dot16`], always inlined (into the ISA-specific compilations of RMSNorm).
+#[inline(always)]
+fn dot16_inline(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -69,13 +75,25 @@ pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: std
 }
 
 /// 1 / RMS of a row (RMSNorm's factor).
-#[inline]
+#[inline(always)]
 fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    1.0 / (dot16(row, row) / row.len() as f32 + eps).sqrt()
+    1.0 / (dot16_inline(row, row) / row.len() as f32 + eps).sqrt()
 }
 
-/// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`.
+/// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`, at the widest ISA this
+/// CPU has (see [`crate::kernels::rms_norm_rows`]; the results are identical).
 pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    crate::kernels::rms_norm_rows(x, weight, eps, out)
+}
+
+/// [`rms_norm_in_place`]'s twin of [`rms_norm_rows`].
+pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    crate::kernels::rms_norm_in_place(x, weight, eps)
+}
+
+/// [`rms_norm_rows`] as plain Rust, inlined into each ISA's compilation of it.
+#[inline(always)]
+pub(crate) fn rms_norm_rows_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = weight.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         let inv = inv_rms(xr, eps);
@@ -85,7 +103,8 @@ pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]
     }
 }
 
-pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+#[inline(always)]
+pub(crate) fn rms_norm_in_place_portable(x: &mut [f32], weight: &[f32], eps: f32) {
     for xr in x.chunks_exact_mut(weight.len()) {
         let inv = inv_rms(xr, eps);
         for (v, g) in xr.iter_mut().zip(weight) {
