@@ -298,6 +298,11 @@ impl State {
         let kv_token_bytes = self.kv.precision().bytes_per_vector(hd) as u64 * 2 * cfg.kv_heads as u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let (attn, ffn_ctx) = (ctx.at(l, Op::Attn), ctx.at(l, Op::Ffn));
+            if rows <= KV_WRITE_PREFETCH_ROWS {
+                for r in 0..rows {
+                    self.kv.prefetch_write(l, seqs[r], positions[r]);
+                }
+            }
             // Attention block.
             let rec = &mut self.workers[0].rec;
             rec.time(attn, Stage::Norm, 0, || {
@@ -661,6 +666,11 @@ fn linear_gated(
     transpose_result(pool, &mm[..n * rows], n, rows, out, workers, gate.2);
     Ok(())
 }
+
+/// Up to this many rows per forward call (decode steps, not prompts), the cache lines the
+/// layer's `kv_write` will store into are prefetched before its projections run: a few KiB
+/// per row, which a prompt chunk's hundreds of rows would turn into a flood.
+const KV_WRITE_PREFETCH_ROWS: usize = 16;
 
 /// From this many tokens on, a `[n, rows]` matmul result is transposed by the pool (each
 /// thread its share of the tokens) instead of by the caller alone: in a 128-token prefill the

@@ -311,6 +311,18 @@ impl Store {
         }
     }
 
+    /// Asks for the bytes of vector `index` in L2 (see [`KvCache::prefetch_write`]).
+    fn prefetch(&self, p: KvPrecision, index: usize, hd: usize) {
+        match self {
+            Store::F32(d) => crate::kernels::prefetch_l2(&d[index * hd..(index + 1) * hd]),
+            Store::F16(d) => crate::kernels::prefetch_l2(&d[index * hd..(index + 1) * hd]),
+            Store::Bytes(d) => {
+                let n = p.bytes_per_vector(hd);
+                crate::kernels::prefetch_l2(&d[index * n..(index + 1) * n])
+            }
+        }
+    }
+
     /// The vector as f32: borrowed in place for f32, else decoded into `scratch`.
     #[inline]
     fn read<'a>(&'a self, p: KvPrecision, index: usize, hd: usize, scratch: &'a mut [f32]) -> &'a [f32] {
@@ -430,6 +442,19 @@ impl KvCache {
         let i = self.index(seq, head, pos);
         self.keys[layer].write(self.precision, i, k);
         self.values[layer].write(self.precision, i, v);
+    }
+
+    /// Asks for the lines that [`KvCache::write`] of (layer, sequence, position) will store
+    /// into, every head's key and value, in L2. Those rows were never read, so without this
+    /// the write waits on a fresh line from memory per 64 bytes (decode's `kv_write` stage,
+    /// on the caller thread while the others wait); issued before the layer's projections,
+    /// the lines arrive while the weights stream.
+    pub fn prefetch_write(&self, layer: usize, seq: usize, pos: usize) {
+        for head in 0..self.kv_heads {
+            let i = self.index(seq, head, pos);
+            self.keys[layer].prefetch(self.precision, i, self.head_dim);
+            self.values[layer].prefetch(self.precision, i, self.head_dim);
+        }
     }
 
     /// The key at (layer, sequence, head, position) as `head_dim` floats (in place for f32,
