@@ -69,9 +69,10 @@ fn a_run_emits_exactly_the_expected_spans() {
         assert_eq!(get(Phase::Prefill, l, Op::Attn, Stage::Softmax), PROMPT.len() as u64 * heads);
         for op in [Op::Q, Op::K, Op::V, Op::O, Op::Gate, Op::Up, Op::Down] {
             assert_eq!(get(Phase::Decode, l, op, Stage::UnpackDot), d, "{op}");
-            // Gate and up are activated together in the dispatch, so only gate's result is
-            // transposed.
-            let transposes = if op == Op::Up { 0 } else { d };
+            // One decode row: O, gate (activated together with up) and down write their
+            // `[n, 1]` result in place; Q, K and V share one dispatch into the matmul buffer
+            // and are copied out of it.
+            let transposes = if matches!(op, Op::Q | Op::K | Op::V) { d } else { 0 };
             assert_eq!(get(Phase::Decode, l, op, Stage::Transpose), transposes, "{op}");
             assert_eq!(get(Phase::Decode, l, op, Stage::Unpack), 0, "fused kernels have no separate unpack");
         }

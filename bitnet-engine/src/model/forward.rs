@@ -437,10 +437,14 @@ impl State {
             let isa = kernel_for(self.kernel, &w.layers[0].wq).isa();
             let act = &self.act_hidden;
             let head_bytes = head.byte_len() as u64;
-            // `mm` holds [vocab, n]; the LM head's rows are split across threads.
+            // `mm` holds [vocab, n]; the LM head's rows are split across threads. One row
+            // (decode) is written straight into its logits: `[vocab, 1]` is `[1, vocab]`.
+            let base = lr.start * vocab;
+            let direct = n == 1;
+            let dst = if direct { &mut self.logits[base..base + vocab] } else { &mut self.mm[..vocab * n] };
             let t_split = rec.start();
             rec.begin_split(t_split);
-            self.pool.split(&mut self.mm[..vocab * n], n, 16, &mut self.workers, |first, chunk, wk| {
+            self.pool.split(dst, n, 16, &mut self.workers, |first, chunk, wk| {
                 let r = first..first + chunk.len() / n;
                 let bytes = head_bytes * r.len() as u64 / vocab as u64;
                 let t0 = wk.rec.start();
@@ -452,10 +456,11 @@ impl State {
             if on {
                 rec.end_split(out_ctx, t_split);
             }
-            let base = lr.start * vocab;
-            rec.time(out_ctx, Stage::Transpose, 0, || {
-                transpose_into(&self.mm[..vocab * n], vocab, n, &mut self.logits[base..base + n * vocab])
-            });
+            if !direct {
+                rec.time(out_ctx, Stage::Transpose, 0, || {
+                    transpose_into(&self.mm[..vocab * n], vocab, n, &mut self.logits[base..base + n * vocab])
+                });
+            }
             self.logit_rows = lr;
         }
         Ok(())
@@ -526,12 +531,15 @@ fn linear(
 ) -> Result<()> {
     let (n, rows) = (w.rows(), act.batch());
     let kernel = kernel_for(forced, w);
-    kernel.check(w, act, &(0..n), &mm[..n * rows])?;
+    // One token: `[n, 1]` is already `[1, n]`, so the threads write the output in place.
+    let direct = rows == 1;
+    let dst = if direct { &mut out[..n] } else { &mut mm[..n * rows] };
+    kernel.check(w, act, &(0..n), dst)?;
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let w_bytes = w.byte_len() as u64;
-    pool.split(&mut mm[..n * rows], rows, 16, workers, |first, chunk, wk| {
+    pool.split(dst, rows, 16, workers, |first, chunk, wk| {
         let r = first..first + chunk.len() / rows;
         let bytes = w_bytes * r.len() as u64 / n as u64;
         let t0 = wk.rec.start();
@@ -546,7 +554,9 @@ fn linear(
     if on {
         rec.end_split(ctx, t_split);
     }
-    transpose_result(pool, &mm[..n * rows], n, rows, out, workers, ctx);
+    if !direct {
+        transpose_result(pool, &mm[..n * rows], n, rows, out, workers, ctx);
+    }
     Ok(())
 }
 
@@ -635,7 +645,9 @@ fn linear_gated(
         return Err(Error::Shape(format!("gate has {n} rows but up has {}", up.0.rows())));
     }
     let (kg, ku) = (kernel_for(forced, gate.0), kernel_for(forced, up.0));
-    let (mg, mu) = mm[..2 * n * rows].split_at_mut(n * rows);
+    // One token: the activated gate rows are written in place (see `linear`).
+    let direct = rows == 1;
+    let (mg, mu) = if direct { (&mut out[..n], &mut mm[..n]) } else { mm[..2 * n * rows].split_at_mut(n * rows) };
     kg.check(gate.0, act, &(0..n), mg)?;
     ku.check(up.0, act, &(0..n), mu)?;
     let on = workers[0].rec.on();
@@ -663,7 +675,9 @@ fn linear_gated(
     if on {
         rec.end_split(gate.2, t_split);
     }
-    transpose_result(pool, &mm[..n * rows], n, rows, out, workers, gate.2);
+    if !direct {
+        transpose_result(pool, &mm[..n * rows], n, rows, out, workers, gate.2);
+    }
     Ok(())
 }
 
