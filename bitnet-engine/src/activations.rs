@@ -73,7 +73,7 @@ fn to_q8(v: f32) -> i8 {
 /// max |v| (NaNs ignored, as `f32::max` does), in 16 lanes so that it vectorizes; max is
 /// exact, so the lane order does not change the result. A compare-and-select rather than
 /// `f32::max`, whose NaN rule keeps LLVM from using `maxps`.
-#[inline]
+#[inline(always)]
 fn absmax(v: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
     let chunks = v.chunks_exact(16);
@@ -86,6 +86,24 @@ fn absmax(v: &[f32]) -> f32 {
         }
     }
     lanes.iter().fold(0.0f32, |m, x| m.max(*x))
+}
+
+/// One token's per-token absmax quantization (see [`ActivationBatch::quantize`]): writes `dst`
+/// and returns the scale. Plain Rust, inlined into each ISA's compilation of it
+/// ([`crate::kernels::quantize_token`]); the results are identical at every level.
+#[inline(always)]
+pub(crate) fn quantize_token_portable(src: &[f32], dst: &mut [i8]) -> f32 {
+    let absmax = absmax(src);
+    if absmax > 0.0 && absmax.is_finite() {
+        let inv = 127.0 / absmax;
+        for (q, v) in dst.iter_mut().zip(src) {
+            *q = to_q8(v * inv);
+        }
+        absmax / 127.0
+    } else {
+        dst.fill(0);
+        0.0
+    }
 }
 
 impl ActivationBatch {
@@ -145,18 +163,8 @@ impl ActivationBatch {
         let (cols, padded) = (self.cols, self.padded);
         for b in 0..self.batch {
             let src = &x[b * cols..(b + 1) * cols];
-            let absmax = absmax(src);
             let dst = &mut self.values.as_i8_mut()[b * padded..b * padded + cols];
-            if absmax > 0.0 && absmax.is_finite() {
-                let inv = 127.0 / absmax;
-                for (q, v) in dst.iter_mut().zip(src) {
-                    *q = to_q8(v * inv);
-                }
-                self.scales[b] = absmax / 127.0;
-            } else {
-                dst.fill(0);
-                self.scales[b] = 0.0;
-            }
+            self.scales[b] = crate::kernels::quantize_token(src, dst);
         }
         self.finish();
         Ok(())

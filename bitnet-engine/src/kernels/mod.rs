@@ -614,6 +614,17 @@ pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &
     crate::model::ops::gated_activation_portable(act, gate, up)
 }
 
+/// Per-token int8 quantization (`activations::quantize_token_portable`) compiled for AVX-512
+/// where the CPU has it, bit-identical as [`gated_activation`] is. At baseline x86-64 the
+/// float → byte narrowing has no single instruction: about 0.7 ns per element.
+pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return x86_avx512::quantize_token(t, src, dst);
+    }
+    crate::activations::quantize_token_portable(src, dst)
+}
+
 /// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for AVX-512 where the CPU has
 /// it, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
 /// took about 1 ns per element, on the caller thread while the others wait.
@@ -717,6 +728,34 @@ mod tests {
                 let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
                 assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
             }
+        }
+    }
+
+    #[test]
+    fn quantize_token_is_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(13);
+        for n in [1usize, 15, 16, 17, 2560, 6913] {
+            let mut x: Vec<f32> = (0..n).map(|_| (g.unit_f32() - 0.5) * 200.0).collect();
+            x[0] = 127.0; // the absmax: scale 1, so the values below are their own q
+            if n > 4 {
+                x[1] = 2.5; // ties to even: 2
+                x[2] = -3.5; // −4
+                x[3] = f32::NAN; // → 0, and ignored by absmax
+            }
+            let (mut fast, mut plain) = (vec![9i8; n], vec![9i8; n]);
+            let (sf, sp) =
+                (super::quantize_token(&x, &mut fast), crate::activations::quantize_token_portable(&x, &mut plain));
+            assert_eq!((sf.to_bits(), &fast), (sp.to_bits(), &plain), "n {n}");
+            assert_eq!(fast[0], 127);
+            if n > 4 {
+                assert_eq!(&fast[1..4], &[2, -4, 0], "ties to even, NaN to 0");
+            }
+        }
+        // Not finite or all zero: scale 0 and zeros.
+        for bad in [vec![0.0f32; 40], vec![1.0, f32::INFINITY, 2.0]] {
+            let mut q = vec![5i8; bad.len()];
+            assert_eq!(super::quantize_token(&bad, &mut q), 0.0);
+            assert!(q.iter().all(|v| *v == 0));
         }
     }
 

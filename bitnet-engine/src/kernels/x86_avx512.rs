@@ -920,6 +920,16 @@ unsafe fn gated_activation_impl(act: crate::model::FfnActivation, gate: &mut [f3
     crate::model::ops::gated_activation_portable(act, gate, up)
 }
 
+pub(crate) fn quantize_token(_t: Avx512, src: &[f32], dst: &mut [i8]) -> f32 {
+    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
+    unsafe { quantize_token_impl(src, dst) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn quantize_token_impl(src: &[f32], dst: &mut [i8]) -> f32 {
+    crate::activations::quantize_token_portable(src, dst)
+}
+
 pub(crate) fn rms_norm_rows(_t: Avx512, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
     unsafe { rms_norm_rows_impl(x, weight, eps, out) }
