@@ -602,47 +602,43 @@ fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut 
     }
 }
 
+/// Calls `x86_avx512::$fast` where the CPU has AVX-512, else `$portable`, with the same
+/// arguments (the functions `compiled_for_avx512!` recompiles).
+macro_rules! widest_compiled {
+    ($fast:ident, $portable:path, $($arg:expr),*) => {{
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = x86_avx512::Avx512::new() {
+            return x86_avx512::$fast(t, $($arg),*);
+        }
+        $portable($($arg),*)
+    }};
+}
+
 /// The gated FFN activation (`ops::gated_activation_portable`) compiled for AVX-512 where the
 /// CPU has it: the same Rust code, so the same IEEE operations in the same order (Rust never
 /// fuses a multiply and an add on its own), 16 lanes wide instead of the baseline's 4. SiLU
 /// took 2.3 ns per element at baseline x86-64.
 pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = x86_avx512::Avx512::new() {
-        return x86_avx512::gated_activation(t, act, gate, up);
-    }
-    crate::model::ops::gated_activation_portable(act, gate, up)
+    widest_compiled!(gated_activation, crate::model::ops::gated_activation_portable, act, gate, up)
 }
 
 /// Per-token int8 quantization (`activations::quantize_token_portable`) compiled for AVX-512
 /// where the CPU has it, bit-identical as [`gated_activation`] is. At baseline x86-64 the
 /// float → byte narrowing has no single instruction: about 0.7 ns per element.
 pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = x86_avx512::Avx512::new() {
-        return x86_avx512::quantize_token(t, src, dst);
-    }
-    crate::activations::quantize_token_portable(src, dst)
+    widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
 
 /// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for AVX-512 where the CPU has
 /// it, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
 /// took about 1 ns per element, on the caller thread while the others wait.
 pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = x86_avx512::Avx512::new() {
-        return x86_avx512::rms_norm_rows(t, x, weight, eps, out);
-    }
-    crate::model::ops::rms_norm_rows_portable(x, weight, eps, out)
+    widest_compiled!(rms_norm_rows, crate::model::ops::rms_norm_rows_portable, x, weight, eps, out)
 }
 
 /// In-place twin of [`rms_norm_rows`].
 pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = x86_avx512::Avx512::new() {
-        return x86_avx512::rms_norm_in_place(t, x, weight, eps);
-    }
-    crate::model::ops::rms_norm_in_place_portable(x, weight, eps)
+    widest_compiled!(rms_norm_in_place, crate::model::ops::rms_norm_in_place_portable, x, weight, eps)
 }
 
 /// Asks for `data`'s cache lines in L2 ahead of its use (nothing where there is no prefetch

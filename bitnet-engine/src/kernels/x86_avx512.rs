@@ -644,8 +644,9 @@ unsafe fn tq1_fused(
 /// The row is read as one stream of 64-byte chunks across block boundaries, activations in
 /// [`tq1_row_digit_order`]: the block scales inside a chunk meet zero activations and add
 /// nothing, and all 64 lanes work (block-aligned loads used 52). The last chunk is a masked
-/// load that stops at the row's end. Lane sums stay below 2^31 for K < 800k (≤ 5 · 4 · 255 ·
-/// 128 per chunk).
+/// load that stops at the row's end. Rows up to [`TQ1_I32_CHUNKS`] reduce in i32; the i64
+/// reduction of longer rows needs each lane's sums below 2^31, true for K < 800k (≤ 5 · 4 ·
+/// 255 · 128 per chunk).
 #[inline(always)]
 unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &ActivationBatch, xd: *const u8, out: &mut [f32]) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
@@ -682,17 +683,17 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
                 _mm512_sub_epi32(_mm512_add_epi32(yx, _mm512_add_epi32(yx, yx)), _mm512_add_epi32(nx[i][0], nx[i][1]));
             _mm512_srai_epi32::<8>(scaled)
         });
-        if R == 2 {
-            let (a, b) = reduce_two(lanes[0], lanes[R - 1]);
-            std::array::from_fn(|i| if i == 0 { a as i64 } else { b as i64 })
-        } else if R == 4 {
-            let (a, b) = reduce_two(lanes[0], lanes[1]);
-            let (c, d) = reduce_two(lanes[2], lanes[R - 1]);
-            let v = [a, b, c, d];
-            std::array::from_fn(|i| v[i] as i64)
-        } else {
-            std::array::from_fn(|i| _mm512_reduce_add_epi32(lanes[i]) as i64)
+        let mut dots = [0i64; R];
+        let mut i = 0;
+        while i + 1 < R {
+            let (a, b) = reduce_two(lanes[i], lanes[i + 1]);
+            (dots[i], dots[i + 1]) = (a as i64, b as i64);
+            i += 2;
         }
+        if i < R {
+            dots[i] = _mm512_reduce_add_epi32(lanes[i]) as i64;
+        }
+        dots
     } else {
         std::array::from_fn(|i| {
             let scaled = 3 * reduce_i64(&yx[i]) - reduce_i64(&nx[i]);
@@ -833,8 +834,8 @@ unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows
         // per pass with software prefetch (the batched tiles below) streamed the 2B4T LM head at
         // 20–25 GB/s on one thread, one row without prefetch at 20–31 (mean 22.4 → 25.6 over
         // 16 alternating rounds). Compute is no limit here: one vpdpbusd per 64 bytes.
-        for (o, r) in out.iter_mut().zip(rows) {
-            *o = int8_row(m, r, x);
+        for (i, r) in rows.enumerate() {
+            int8_tile::<1, 1, 4, false>(m, r, x, 0, &mut out[i..]);
         }
         return;
     }
@@ -848,14 +849,14 @@ unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows
         while b0 < batch {
             let g = 4.min(batch - b0);
             match (two, g) {
-                (true, 1) => int8_tile::<2, 1, 2>(m, r, x, b0, o),
-                (true, 2) => int8_tile::<2, 2, 1>(m, r, x, b0, o),
-                (true, 3) => int8_tile::<2, 3, 1>(m, r, x, b0, o),
-                (true, _) => int8_tile::<2, 4, 1>(m, r, x, b0, o),
-                (false, 1) => int8_tile::<1, 1, 4>(m, r, x, b0, o),
-                (false, 2) => int8_tile::<1, 2, 2>(m, r, x, b0, o),
-                (false, 3) => int8_tile::<1, 3, 2>(m, r, x, b0, o),
-                (false, _) => int8_tile::<1, 4, 2>(m, r, x, b0, o),
+                (true, 1) => int8_tile::<2, 1, 2, true>(m, r, x, b0, o),
+                (true, 2) => int8_tile::<2, 2, 1, true>(m, r, x, b0, o),
+                (true, 3) => int8_tile::<2, 3, 1, true>(m, r, x, b0, o),
+                (true, _) => int8_tile::<2, 4, 1, true>(m, r, x, b0, o),
+                (false, 1) => int8_tile::<1, 1, 4, true>(m, r, x, b0, o),
+                (false, 2) => int8_tile::<1, 2, 2, true>(m, r, x, b0, o),
+                (false, 3) => int8_tile::<1, 3, 2, true>(m, r, x, b0, o),
+                (false, _) => int8_tile::<1, 4, 2, true>(m, r, x, b0, o),
             }
             b0 += g;
         }
@@ -863,21 +864,10 @@ unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows
     }
 }
 
-/// Row `r` of an int8-row matrix × token 0, with four accumulators and no software prefetch.
-#[inline(always)]
-unsafe fn int8_row(m: &crate::formats::Int8Rows, r: usize, x: &ActivationBatch) -> f32 {
-    let codes = m.row_codes(r).as_ptr();
-    let xs = x.token(0).as_ptr() as *const u8;
-    let mut acc = [_mm512_setzero_si512(); 4];
-    for (step, off) in (0..m.stride()).step_by(64).enumerate() {
-        acc[step % 4] = _mm512_dpbusd_epi32(acc[step % 4], load(codes.add(off)), load(xs.add(off)));
-    }
-    finish_tensor(reduce_acc(&acc) - 128 * x.sum(0), m.scale(r), x.scale(0))
-}
-
 /// Rows `r..r+R` × tokens `b0..b0+G` of an int8-row matrix; writes `out[i × batch + b]`.
+/// `PREFETCH`: software prefetch of the rows (the batched tiles; one token reads without).
 #[inline(always)]
-unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
+unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const PREFETCH: bool>(
     m: &crate::formats::Int8Rows,
     r: usize,
     x: &ActivationBatch,
@@ -890,7 +880,9 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
     let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
     for (step, off) in (0..m.stride()).step_by(64).enumerate() {
         let c: [__m512i; R] = std::array::from_fn(|i| {
-            prefetch_stream(codes[i].add(off));
+            if PREFETCH {
+                prefetch_stream(codes[i].add(off));
+            }
             load(codes[i].add(off))
         });
         for g in 0..G {
@@ -909,45 +901,28 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize>(
     }
 }
 
-/// [`crate::model::ops::gated_activation_portable`], vectorized for AVX-512 by the compiler.
-pub(crate) fn gated_activation(_t: Avx512, act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) {
-    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
-    unsafe { gated_activation_impl(act, gate, up) }
+/// Safe entry points that compile a portable Rust function (plain loops, no intrinsics) with
+/// AVX-512 enabled: the same IEEE operations in the same order, so the same results, with the
+/// compiler free to use 16 lanes and the byte-narrowing instructions.
+macro_rules! compiled_for_avx512 {
+    ($($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $portable:path;)*) => {$(
+        pub(crate) fn $name(_t: Avx512, $($arg: $ty),*) $(-> $ret)? {
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+            unsafe fn compiled($($arg: $ty),*) $(-> $ret)? {
+                $portable($($arg),*)
+            }
+            // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
+            unsafe { compiled($($arg),*) }
+        }
+    )*};
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn gated_activation_impl(act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) {
-    crate::model::ops::gated_activation_portable(act, gate, up)
-}
-
-pub(crate) fn quantize_token(_t: Avx512, src: &[f32], dst: &mut [i8]) -> f32 {
-    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
-    unsafe { quantize_token_impl(src, dst) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quantize_token_impl(src: &[f32], dst: &mut [i8]) -> f32 {
-    crate::activations::quantize_token_portable(src, dst)
-}
-
-pub(crate) fn rms_norm_rows(_t: Avx512, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
-    unsafe { rms_norm_rows_impl(x, weight, eps, out) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn rms_norm_rows_impl(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    crate::model::ops::rms_norm_rows_portable(x, weight, eps, out)
-}
-
-pub(crate) fn rms_norm_in_place(_t: Avx512, x: &mut [f32], weight: &[f32], eps: f32) {
-    // SAFETY: as for `rms_norm_rows`.
-    unsafe { rms_norm_in_place_impl(x, weight, eps) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn rms_norm_in_place_impl(x: &mut [f32], weight: &[f32], eps: f32) {
-    crate::model::ops::rms_norm_in_place_portable(x, weight, eps)
+compiled_for_avx512! {
+    gated_activation(act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) =
+        crate::model::ops::gated_activation_portable;
+    quantize_token(src: &[f32], dst: &mut [i8]) -> f32 = crate::activations::quantize_token_portable;
+    rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) = crate::model::ops::rms_norm_rows_portable;
+    rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) = crate::model::ops::rms_norm_in_place_portable;
 }
 
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.

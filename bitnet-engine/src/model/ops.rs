@@ -26,14 +26,8 @@ fn reduce_lanes(mut lanes: [f32; LANES]) -> f32 {
 /// Dot product in a fixed order: 16 lane sums, then a fixed reduction tree. The compiler can
 /// keep the lanes in one vector register, and the result is the same at every ISA level (no
 /// fused multiply-add, no reassociation), so attention is bit-identical across machines.
-#[inline]
-pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    dot16_inline(a, b)
-}
-
-/// [`dot16`], always inlined (into the ISA-specific compilations of RMSNorm).
 #[inline(always)]
-fn dot16_inline(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -77,21 +71,12 @@ pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: std
 /// 1 / RMS of a row (RMSNorm's factor).
 #[inline(always)]
 fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    1.0 / (dot16_inline(row, row) / row.len() as f32 + eps).sqrt()
+    1.0 / (dot16(row, row) / row.len() as f32 + eps).sqrt()
 }
 
-/// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`, at the widest ISA this
-/// CPU has (see [`crate::kernels::rms_norm_rows`]; the results are identical).
-pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    crate::kernels::rms_norm_rows(x, weight, eps, out)
-}
-
-/// [`rms_norm_in_place`]'s twin of [`rms_norm_rows`].
-pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    crate::kernels::rms_norm_in_place(x, weight, eps)
-}
-
-/// [`rms_norm_rows`] as plain Rust, inlined into each ISA's compilation of it.
+/// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`, as plain Rust inlined
+/// into each ISA's compilation of it: callers use [`crate::kernels::rms_norm_rows`], which runs
+/// at the widest ISA this CPU has, with identical results.
 #[inline(always)]
 pub(crate) fn rms_norm_rows_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = weight.len();
@@ -103,6 +88,7 @@ pub(crate) fn rms_norm_rows_portable(x: &[f32], weight: &[f32], eps: f32, out: &
     }
 }
 
+/// In-place twin of [`rms_norm_rows_portable`].
 #[inline(always)]
 pub(crate) fn rms_norm_in_place_portable(x: &mut [f32], weight: &[f32], eps: f32) {
     for xr in x.chunks_exact_mut(weight.len()) {
@@ -270,7 +256,7 @@ mod tests {
             assert!((dot16(&a, &b) as f64 - want).abs() < 1e-5 * n as f64, "n = {n}");
             let w: Vec<f32> = (0..n).map(|_| g.unit_f32() + 0.5).collect();
             let mut out = vec![0.0; n];
-            rms_norm_rows(&a, &w, 1e-6, &mut out);
+            crate::kernels::rms_norm_rows(&a, &w, 1e-6, &mut out);
             let rms = (a.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / n as f64 + 1e-6).sqrt();
             for i in 0..n {
                 let want = a[i] as f64 / rms * w[i] as f64;
