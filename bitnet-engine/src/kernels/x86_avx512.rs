@@ -651,36 +651,30 @@ unsafe fn tq1_fused(
 unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &ActivationBatch, xd: *const u8, out: &mut [f32]) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
     let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
+    // At least one chunk: a Tq1Matrix has K ≥ 256.
     let chunks = tq1_row_chunks(w.blocks_per_row());
-    // Two accumulators of each kind per row, alternating by digit (more did not help).
-    let mut yx = [[_mm512_setzero_si512(); 2]; R];
-    let mut nx = [[_mm512_setzero_si512(); 2]; R];
-    for c in 0..chunks {
-        let off = 64 * c;
-        let lanes = if c + 1 < chunks { u64::MAX } else { u64::MAX >> (64 - (row_bytes - off)) };
-        let mut y: [__m512i; R] = std::array::from_fn(|i| {
-            prefetch_stream(src[i].add(off));
-            _mm512_maskz_loadu_epi8(lanes, src[i].add(off) as *const i8)
+    // One accumulator of each kind per row: 5 updates per chunk, far apart (two did not help).
+    let mut yx = [_mm512_setzero_si512(); R];
+    let mut nx = [_mm512_setzero_si512(); R];
+    // Whole chunks with plain loads (masked loads cost about 10% here even with every lane
+    // set); a chunk may run into the next row, whose bytes meet zero activations. Only the
+    // last chunk, which may end at the matrix's end, is a masked load.
+    for c in 0..chunks - 1 {
+        let y: [__m512i; R] = std::array::from_fn(|i| {
+            prefetch_stream(src[i].add(64 * c));
+            load(src[i].add(64 * c))
         });
-        let xb = xd.add(c * TQ1_DIGIT_BLOCK);
-        for n in 0..5 {
-            // One activation load serves every row of the tile.
-            let xv = load(xb.add(64 * n));
-            for i in 0..R {
-                let next = times3(y[i]);
-                yx[i][n % 2] = _mm512_dpbusd_epi32(yx[i][n % 2], y[i], xv);
-                nx[i][n % 2] = _mm512_dpbusd_epi32(nx[i][n % 2], next, xv);
-                y[i] = next;
-            }
-        }
+        tq1_telescoped_chunk(y, xd.add(c * TQ1_DIGIT_BLOCK), &mut yx, &mut nx);
     }
+    let off = 64 * (chunks - 1);
+    let lanes = u64::MAX >> (64 - (row_bytes - off));
+    let y = std::array::from_fn(|i| _mm512_maskz_loadu_epi8(lanes, src[i].add(off) as *const i8));
+    tq1_telescoped_chunk(y, xd.add((chunks - 1) * TQ1_DIGIT_BLOCK), &mut yx, &mut nx);
     let dots: [i64; R] = if chunks <= TQ1_I32_CHUNKS {
         // Per lane, 3·Σy·x − Σnext·x is 256 × that lane's Σ digit·x, exactly (see the limit):
         // shift each lane, then reduce the rows' lanes together.
         let lanes: [__m512i; R] = std::array::from_fn(|i| {
-            let yx = _mm512_add_epi32(yx[i][0], yx[i][1]);
-            let scaled =
-                _mm512_sub_epi32(_mm512_add_epi32(yx, _mm512_add_epi32(yx, yx)), _mm512_add_epi32(nx[i][0], nx[i][1]));
+            let scaled = _mm512_sub_epi32(_mm512_add_epi32(yx[i], _mm512_add_epi32(yx[i], yx[i])), nx[i]);
             _mm512_srai_epi32::<8>(scaled)
         });
         let mut dots = [0i64; R];
@@ -696,7 +690,7 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
         dots
     } else {
         std::array::from_fn(|i| {
-            let scaled = 3 * reduce_i64(&yx[i]) - reduce_i64(&nx[i]);
+            let scaled = 3 * reduce_i64(&[yx[i]]) - reduce_i64(&[nx[i]]);
             debug_assert!(scaled % 256 == 0, "3·y − next is 256 × the digit in every lane");
             scaled / 256
         })
@@ -705,6 +699,27 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
         let isum = dots[i] - x.sum(0) as i64;
         let d = f16_to_f64(w.row(r + i)[0].d);
         out[i] = finish_blocks(d * isum as f64, x.scale(0));
+    }
+}
+
+/// One 64-byte chunk of R rows' codes `y` against its activations `xb` (five digit vectors):
+/// per digit and row, `Σ y·x` into `yx` and `Σ 3y·x` (mod 256 per byte) into `nx`.
+#[inline(always)]
+unsafe fn tq1_telescoped_chunk<const R: usize>(
+    mut y: [__m512i; R],
+    xb: *const u8,
+    yx: &mut [__m512i; R],
+    nx: &mut [__m512i; R],
+) {
+    for n in 0..5 {
+        // One activation load serves every row of the tile.
+        let xv = load(xb.add(64 * n));
+        for i in 0..R {
+            let next = times3(y[i]);
+            yx[i] = _mm512_dpbusd_epi32(yx[i], y[i], xv);
+            nx[i] = _mm512_dpbusd_epi32(nx[i], next, xv);
+            y[i] = next;
+        }
     }
 }
 
