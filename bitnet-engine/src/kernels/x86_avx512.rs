@@ -217,13 +217,19 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
     let batch = x.batch();
     // Register tiles of R rows × G tokens × A accumulators (≤ 16 accumulators + 4R codes in the
     // 32 zmm registers). Two rows per pass let every activation load feed two vpdpbusd, which
-    // matters because the loads, not the multiply-adds, limit the batched case; one token gets
-    // several accumulators per row to hide vpdpbusd latency.
+    // matters because the loads, not the multiply-adds, limit the batched case. One token takes
+    // four rows per pass (16 accumulators, codes masked as they are used): the per-row
+    // epilogue weighed as much as the loop on short rows (K = 1536: 6 blocks).
     let mut r = rows.start;
     while r < rows.end {
         let two = r + 2 <= rows.end;
         let o = &mut out[(r - rows.start) * batch..];
         if batch == 1 {
+            if r + 4 <= rows.end {
+                i2_masked_rows::<4>(w, r, x, o);
+                r += 4;
+                continue;
+            }
             if two {
                 i2_masked_rows::<2>(w, r, x, o);
             } else {
@@ -295,25 +301,39 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     }
 }
 
-/// The four 2-bit fields of every byte left in place, `v & (3 << 2n)` for n = 0..4: field n
-/// is its code times 4ⁿ. One AND per field and no shift; the accumulator of field n is divided
-/// by 4ⁿ at the end, exactly, since every product in it is a multiple of 4ⁿ.
+/// The mask of 2-bit field n of every byte, `3 << 2n`: `v & mask` leaves the field in place,
+/// its code times 4ⁿ. One AND per field and no shift; the accumulator of field n is divided
+/// by 4ⁿ at the end ([`combine_fields`]), exactly, since every product in it is a multiple of 4ⁿ.
 #[inline(always)]
-unsafe fn mask4(v: __m512i) -> [__m512i; 4] {
-    std::array::from_fn(|n| _mm512_and_si512(v, _mm512_set1_epi8((3u8 << (2 * n)) as i8)))
+unsafe fn field_mask(n: usize) -> __m512i {
+    _mm512_set1_epi8((3u8 << (2 * n)) as i8)
 }
 
-/// Σ over fields n of `acc[n] >> 2n` (arithmetic, exact: see [`mask4`]), reduced to one i32.
+/// Σ over fields n of `acc[n] >> 2n` (arithmetic, exact: see [`field_mask`]), lane by lane.
 #[inline(always)]
-unsafe fn reduce_fields(acc: &[__m512i; 4]) -> i32 {
-    let s = _mm512_add_epi32(
+unsafe fn combine_fields(acc: [__m512i; 4]) -> __m512i {
+    _mm512_add_epi32(
         _mm512_add_epi32(acc[0], _mm512_srai_epi32::<2>(acc[1])),
         _mm512_add_epi32(_mm512_srai_epi32::<4>(acc[2]), _mm512_srai_epi32::<6>(acc[3])),
-    );
-    _mm512_reduce_add_epi32(s)
+    )
 }
 
-/// Token 0 × rows `r..r+R` of an I2 matrix, with codes kept in place ([`mask4`]): per 64-byte
+/// The lane sums of R vectors, two at a time.
+#[inline(always)]
+unsafe fn reduce_rows<const R: usize>(lanes: [__m512i; R]) -> [i32; R] {
+    let mut sums = [0; R];
+    let mut i = 0;
+    while i + 1 < R {
+        (sums[i], sums[i + 1]) = reduce_two(lanes[i], lanes[i + 1]);
+        i += 2;
+    }
+    if i < R {
+        sums[i] = _mm512_reduce_add_epi32(lanes[i]);
+    }
+    sums
+}
+
+/// Token 0 × rows `r..r+R` of an I2 matrix, with codes kept in place ([`field_mask`]): per 64-byte
 /// block and row one load and four ANDs feed four vpdpbusd, against seven unpack operations
 /// with shifts. One accumulator per row and field, exact in i32: a lane gains at most
 /// 4 · 128 · 128 = 2¹⁶ per block, so rows up to 2²³ weights cannot overflow.
@@ -324,21 +344,25 @@ unsafe fn i2_masked_rows<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationB
     let mut acc = [[_mm512_setzero_si512(); 4]; R];
     for blk in 0..w.full_blocks() {
         let off = blk * I2_BLOCK_BYTES;
-        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
+        let v: [__m512i; R] = std::array::from_fn(|i| {
             prefetch_stream(src[i].add(off));
-            mask4(load(src[i].add(off)))
+            load(src[i].add(off))
         });
         let xb = xs.add(blk * I2_BLOCK_WEIGHTS);
         for n in 0..4 {
             let xv = load(xb.add(64 * n));
+            let m = field_mask(n);
             for i in 0..R {
-                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], c[i][n], xv);
+                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], _mm512_and_si512(v[i], m), xv);
             }
         }
     }
+    // Every row's integer sum before any tail call (a call would have the accumulators
+    // spilled, and LLVM then stores them inside the loop above).
+    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| combine_fields(acc[i])));
     let (full, t) = (w.full_blocks(), w.tail_weights());
     for i in 0..R {
-        let mut isum = reduce_fields(&acc[i]);
+        let mut isum = sums[i];
         if t > 0 {
             isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(0)[full * I2_BLOCK_WEIGHTS..]);
         }
@@ -383,7 +407,7 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     }
 }
 
-/// TQ2_0 codes left in place (as [`mask4`] does for I2): the same four vectors as
+/// TQ2_0 codes left in place (as [`field_mask`] does for I2): the same four vectors as
 /// [`tq2_codes`], but each 256-bit half holds its code times 4^s for its field s
 /// (vector 0: fields 0 | 1, vector 1: 2 | 3, vector 2: 0 | 1, vector 3: 2 | 3). Four ANDs, no
 /// shift; [`tq2_field_shifts`] undoes the factors per lane at the end.
@@ -682,17 +706,7 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
             let scaled = _mm512_sub_epi32(_mm512_add_epi32(yx[i], _mm512_add_epi32(yx[i], yx[i])), nx[i]);
             _mm512_srai_epi32::<8>(scaled)
         });
-        let mut dots = [0i64; R];
-        let mut i = 0;
-        while i + 1 < R {
-            let (a, b) = reduce_two(lanes[i], lanes[i + 1]);
-            (dots[i], dots[i + 1]) = (a as i64, b as i64);
-            i += 2;
-        }
-        if i < R {
-            dots[i] = _mm512_reduce_add_epi32(lanes[i]) as i64;
-        }
-        dots
+        reduce_rows(lanes).map(i64::from)
     } else {
         std::array::from_fn(|i| {
             let scaled = 3 * reduce_i64(&[yx[i]]) - reduce_i64(&[nx[i]]);
