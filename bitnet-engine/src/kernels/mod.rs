@@ -562,11 +562,14 @@ pub fn int8_rows_matmul(
 /// Attention scores `out[p] = dot16(q, k_p) × scale` for `out.len()` keys stored as rows of
 /// `q.len()` (f32 or f16). `dot16` is the fixed-order dot product of the forward pass (16 lanes,
 /// no fused multiply-add, a fixed reduction tree), so every ISA gives identical results.
-pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
+/// `ahead` (the rows the next step reads; may be empty) is asked for in L2 a share at a time
+/// while the keys are read, so that the memory keeps streaming under the arithmetic.
+pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = x86_avx512::Avx512::new() {
-        return K::scores_avx512(t, q, keys, scale, out);
+        return K::scores_avx512(t, q, keys, scale, out, ahead);
     }
+    let _ = ahead;
     attention_scores_portable(q, keys, scale, out)
 }
 
@@ -584,12 +587,13 @@ fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out:
 }
 
 /// `o[d] += w[p] × v_p[d]` for every position p in order (multiply, then add): the attention
-/// output, identical at every ISA level.
-pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32]) {
+/// output, identical at every ISA level. `ahead` as in [`attention_scores`].
+pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = x86_avx512::Avx512::new() {
-        return K::axpy_avx512(t, w, values, o);
+        return K::axpy_avx512(t, w, values, o, ahead);
     }
+    let _ = ahead;
     attention_weighted_sum_portable(w, values, o)
 }
 
@@ -654,9 +658,9 @@ pub(crate) fn prefetch_l2<T>(data: &[T]) {
 pub(crate) trait KeyElem: Copy {
     fn to_f32(self) -> f32;
     #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32]);
+    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
     #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[Self], o: &mut [f32]);
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
 }
 
 impl KeyElem for f32 {
@@ -664,12 +668,12 @@ impl KeyElem for f32 {
         self
     }
     #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
-        x86_avx512::attention_scores_f32(t, q, keys, scale, out)
+    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
+        x86_avx512::attention_scores_f32(t, q, keys, scale, out, ahead)
     }
     #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[f32], o: &mut [f32]) {
-        x86_avx512::attention_axpy_f32(t, w, values, o)
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
+        x86_avx512::attention_axpy_f32(t, w, values, o, ahead)
     }
 }
 
@@ -678,12 +682,19 @@ impl KeyElem for half::f16 {
         half::f16::to_f32(self)
     }
     #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32]) {
-        x86_avx512::attention_scores_f16(t, q, keys, scale, out)
+    fn scores_avx512(
+        t: x86_avx512::Avx512,
+        q: &[f32],
+        keys: &[half::f16],
+        scale: f32,
+        out: &mut [f32],
+        ahead: &[half::f16],
+    ) {
+        x86_avx512::attention_scores_f16(t, q, keys, scale, out, ahead)
     }
     #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[half::f16], o: &mut [f32]) {
-        x86_avx512::attention_axpy_f16(t, w, values, o)
+    fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
+        x86_avx512::attention_axpy_f16(t, w, values, o, ahead)
     }
 }
 
@@ -784,21 +795,21 @@ mod tests {
     #[test]
     fn attention_primitives_are_bit_identical_to_the_portable_loops() {
         let mut g = crate::rng::SplitMix64::new(17);
-        for hd in [64usize, 96, 100, 128] {
+        for hd in [64usize, 96, 100, 128, 200] {
             for n in [1usize, 2, 16, 17, 130] {
                 let q: Vec<f32> = (0..hd).map(|_| g.unit_f32() * 4.0 - 2.0).collect();
                 let k32: Vec<f32> = (0..n * hd).map(|_| g.unit_f32() * 6.0 - 3.0).collect();
                 let k16: Vec<half::f16> = k32.iter().map(|v| half::f16::from_f32(*v)).collect();
                 let w: Vec<f32> = (0..n).map(|_| g.unit_f32()).collect();
                 let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-                super::attention_scores(&q, &k32, 0.125, &mut a);
+                super::attention_scores(&q, &k32, 0.125, &mut a, &k32[..7]);
                 super::attention_scores_portable(&q, &k32, 0.125, &mut b);
                 assert_eq!(
                     a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     "f32 scores hd {hd} n {n}"
                 );
-                super::attention_scores(&q, &k16, 0.125, &mut a);
+                super::attention_scores(&q, &k16, 0.125, &mut a, &[]);
                 super::attention_scores_portable(&q, &k16, 0.125, &mut b);
                 assert_eq!(
                     a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -806,7 +817,7 @@ mod tests {
                     "f16 scores hd {hd} n {n}"
                 );
                 let (mut oa, mut ob) = (q.clone(), q.clone());
-                super::attention_weighted_sum(&w, &k16, &mut oa);
+                super::attention_weighted_sum(&w, &k16, &mut oa, &k16[3..]);
                 super::attention_weighted_sum_portable(&w, &k16, &mut ob);
                 assert_eq!(
                     oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -814,7 +825,7 @@ mod tests {
                     "f16 sum hd {hd} n {n}"
                 );
                 let (mut oa, mut ob) = (q.clone(), q.clone());
-                super::attention_weighted_sum(&w, &k32, &mut oa);
+                super::attention_weighted_sum(&w, &k32, &mut oa, &[]);
                 super::attention_weighted_sum_portable(&w, &k32, &mut ob);
                 assert_eq!(
                     oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

@@ -794,14 +794,14 @@ fn attention(
                 kv.key_rows(layer, seq, kh, pos + 1).prefetch();
             }
             // The cache is cold at every step (the weights streamed since evicted it), and one
-            // head's rows are a few KiB, too short for the hardware prefetcher: ask for this
-            // head's values now, to arrive while the scores run, and (below) for the next
-            // head's keys while the weighted sum runs.
-            kv.value_rows(layer, seq, kh, pos + 1).prefetch();
-            match kv.key_rows(layer, seq, kh, pos + 1) {
-                KvRows::F32(k) => attention_scores(qh, k, scale, scores),
-                KvRows::F16(k) => attention_scores(qh, k, scale, scores),
-                KvRows::Encoded => {
+            // head's rows are a few KiB, too short for the hardware prefetcher: the scores ask
+            // for this head's values a share at a time while they run, and the weighted sum for
+            // the next head's keys, so that memory streams under the arithmetic throughout.
+            let (keys, values) = (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
+            match (&keys, &values) {
+                (KvRows::F32(k), KvRows::F32(v)) => attention_scores(qh, k, scale, scores, v),
+                (KvRows::F16(k), KvRows::F16(v)) => attention_scores(qh, k, scale, scores, v),
+                _ => {
                     for (p, sc) in scores.iter_mut().enumerate() {
                         *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
                     }
@@ -812,15 +812,17 @@ fn attention(
             // Attention weights, in place.
             softmax_in_place(scores);
             let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
-            if j + 1 < items {
+            let next_keys = (j + 1 < items).then(|| {
                 let (row, head) = ((item + 1) / heads, (item + 1) % heads);
-                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1).prefetch();
-            }
+                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
+            });
             o.fill(0.0);
-            match kv.value_rows(layer, seq, kh, pos + 1) {
-                KvRows::F32(v) => attention_weighted_sum(scores, v, o),
-                KvRows::F16(v) => attention_weighted_sum(scores, v, o),
-                KvRows::Encoded => {
+            match (&values, &next_keys) {
+                (KvRows::F32(v), Some(KvRows::F32(n))) => attention_weighted_sum(scores, v, o, n),
+                (KvRows::F32(v), _) => attention_weighted_sum(scores, v, o, &[]),
+                (KvRows::F16(v), Some(KvRows::F16(n))) => attention_weighted_sum(scores, v, o, n),
+                (KvRows::F16(v), _) => attention_weighted_sum(scores, v, o, &[]),
+                (KvRows::Encoded, _) => {
                     for (p, wgt) in scores.iter().enumerate() {
                         for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
                             *a += wgt * v;
