@@ -687,14 +687,15 @@ unsafe fn tq1_telescoped<const R: usize>(w: &Tq1Matrix, r: usize, x: &Activation
         // The R rows lie back to back: prefetch them as one ascending stream, R lines per
         // chunk, so that over the row's chunks the stream covers the tile's R rows.
         for i in 0..R {
-            prefetch_stream(src[0].add(R * 64 * c + 64 * i));
+            prefetch_stream(src[0].wrapping_add(R * 64 * c + 64 * i));
         }
         let y: [__m512i; R] = std::array::from_fn(|i| load(src[i].add(64 * c)));
         tq1_telescoped_chunk(y, xd.add(c * TQ1_DIGIT_BLOCK), &mut yx, &mut nx);
     }
     let off = 64 * (chunks - 1);
+    // Wrapping: near the matrix's end these addresses pass it (a prefetch never faults).
     for i in 0..R {
-        prefetch_stream(src[0].add(R * off + 64 * i));
+        prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
     }
     let lanes = u64::MAX >> (64 - (row_bytes - off));
     let y = std::array::from_fn(|i| _mm512_maskz_loadu_epi8(lanes, src[i].add(off) as *const i8));
