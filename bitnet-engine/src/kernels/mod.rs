@@ -795,7 +795,7 @@ mod tests {
     #[test]
     fn attention_primitives_are_bit_identical_to_the_portable_loops() {
         let mut g = crate::rng::SplitMix64::new(17);
-        for hd in [64usize, 96, 100, 128, 200] {
+        for hd in [64usize, 96, 100, 128, 200, 256] {
             for n in [1usize, 2, 16, 17, 130] {
                 let q: Vec<f32> = (0..hd).map(|_| g.unit_f32() * 4.0 - 2.0).collect();
                 let k32: Vec<f32> = (0..n * hd).map(|_| g.unit_f32() * 6.0 - 3.0).collect();

@@ -1041,12 +1041,14 @@ unsafe fn prefetch_kv_rows(base: *const u8, row_bytes: usize, from: usize, to: u
 /// once stalls on the full miss queue (large decode, one thread: keys and values read at 14–17
 /// GB/s in the model).
 #[inline(always)]
-unsafe fn prefetch_share(ahead: *const u8, ahead_bytes: usize, step: usize, steps: usize) {
-    if ahead_bytes == 0 {
+unsafe fn prefetch_share<T>(ahead: &[T], step: usize, steps: usize) {
+    let bytes = std::mem::size_of_val(ahead);
+    if bytes == 0 {
         return;
     }
-    let start = ahead as usize & !63;
-    let lines = (ahead as usize + ahead_bytes - start).div_ceil(64);
+    let at = ahead.as_ptr() as usize;
+    let start = at & !63;
+    let lines = (at + bytes - start).div_ceil(64);
     for l in lines * step / steps..lines * (step + 1) / steps {
         _mm_prefetch::<_MM_HINT_T1>((start + 64 * l) as *const i8);
     }
@@ -1057,19 +1059,18 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
     let hd = q.len();
     debug_assert!(keys.len() >= out.len() * hd);
     let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), out.len(), keys.as_ptr() as *const u8);
-    let (ahead_at, ahead_bytes) = (ahead.as_ptr() as *const u8, std::mem::size_of_val(ahead));
     // One share of `ahead` per 16 keys, and one for the keys after the last 16.
     let steps = rows / 16 + 1;
     prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
     let mut p = 0;
     while p + 16 <= rows {
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 16, rows);
-        prefetch_share(ahead_at, ahead_bytes, p / 16, steps);
+        prefetch_share(ahead, p / 16, steps);
         let v = scores16(q, keys.as_ptr().add(p * hd));
         _mm512_storeu_ps(out.as_mut_ptr().add(p), _mm512_mul_ps(v, _mm512_set1_ps(scale)));
         p += 16;
     }
-    prefetch_share(ahead_at, ahead_bytes, steps - 1, steps);
+    prefetch_share(ahead, steps - 1, steps);
     for (p, o) in out.iter_mut().enumerate().skip(p) {
         let k = keys.as_ptr().add(p * hd);
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
@@ -1127,73 +1128,62 @@ unsafe fn scores16<K: Lanes>(q: &[f32], k: *const K) -> __m512 {
     _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]), _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]))
 }
 
+/// The weighted sum in blocks of up to 128 dims (8 accumulators), each block one pass over the
+/// positions: each lane still adds its products in position order, so the result is the same
+/// as a pass per 16 lanes, but rows are read in order and 8 independent chains of adds replace
+/// one dependent chain per 16 lanes (which left the sum latency-bound: 1.1 µs for 160
+/// positions × 96 dims in L1). The first block brings in whole rows and shares of `ahead`.
 #[inline(always)]
 unsafe fn axpy_impl<K: Lanes>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
-    debug_assert!(values.len() >= w.len() * o.len());
-    match o.len().div_ceil(16) {
-        1 => axpy_rows::<K, 1>(w, values, o, ahead),
-        2 => axpy_rows::<K, 2>(w, values, o, ahead),
-        3 => axpy_rows::<K, 3>(w, values, o, ahead),
-        4 => axpy_rows::<K, 4>(w, values, o, ahead),
-        5 => axpy_rows::<K, 5>(w, values, o, ahead),
-        6 => axpy_rows::<K, 6>(w, values, o, ahead),
-        7 => axpy_rows::<K, 7>(w, values, o, ahead),
-        8 => axpy_rows::<K, 8>(w, values, o, ahead),
-        _ => axpy_columns(w, values, o, ahead),
+    let hd = o.len();
+    debug_assert!(values.len() >= w.len() * hd);
+    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), values.as_ptr() as *const u8);
+    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, w.len());
+    for d0 in (0..hd).step_by(128) {
+        let first = d0 == 0;
+        let ob = &mut o[d0..(d0 + 128).min(hd)];
+        match ob.len().div_ceil(16) {
+            1 => axpy_block::<K, 1>(w, values, hd, d0, ob, first, ahead),
+            2 => axpy_block::<K, 2>(w, values, hd, d0, ob, first, ahead),
+            3 => axpy_block::<K, 3>(w, values, hd, d0, ob, first, ahead),
+            4 => axpy_block::<K, 4>(w, values, hd, d0, ob, first, ahead),
+            5 => axpy_block::<K, 5>(w, values, hd, d0, ob, first, ahead),
+            6 => axpy_block::<K, 6>(w, values, hd, d0, ob, first, ahead),
+            7 => axpy_block::<K, 7>(w, values, hd, d0, ob, first, ahead),
+            _ => axpy_block::<K, 8>(w, values, hd, d0, ob, first, ahead),
+        }
     }
 }
 
-/// [`axpy_impl`] for rows of at most 16·C elements: one pass over the positions, one
-/// accumulator per 16 lanes. Each lane still adds its products in position order, so the
-/// result is the same as [`axpy_columns`]'s; but every row is read once, in order, and C
-/// independent chains replace one chain of dependent adds per 16 lanes (which left the sum
-/// latency-bound: 1.1 µs for 160 positions × 96 dims in L1).
+/// Dims `d0..d0 + ob.len()` (at most 16·C) of the weighted sum of rows of `hd` values.
+/// `first`: also prefetch each row ahead and a share of `ahead` per position.
 #[inline(always)]
-unsafe fn axpy_rows<K: Lanes, const C: usize>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
-    let hd = o.len();
+unsafe fn axpy_block<K: Lanes, const C: usize>(
+    w: &[f32],
+    values: &[K],
+    hd: usize,
+    d0: usize,
+    ob: &mut [f32],
+    first: bool,
+    ahead: &[K],
+) {
     let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), w.len(), values.as_ptr() as *const u8);
-    let (ahead_at, ahead_bytes) = (ahead.as_ptr() as *const u8, std::mem::size_of_val(ahead));
-    let width = |c: usize| (hd - 16 * c).min(16);
-    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
-    let mut acc: [__m512; C] = std::array::from_fn(|c| f32::load16(o.as_ptr().add(16 * c), width(c)));
+    let n = ob.len();
+    let width = |c: usize| (n - 16 * c).min(16);
+    let mut acc: [__m512; C] = std::array::from_fn(|c| f32::load16(ob.as_ptr().add(16 * c), width(c)));
     for (p, wp) in w.iter().enumerate() {
-        prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
-        prefetch_share(ahead_at, ahead_bytes, p, rows);
+        if first {
+            prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
+            prefetch_share(ahead, p, rows);
+        }
         let wv = _mm512_set1_ps(*wp);
         for (c, a) in acc.iter_mut().enumerate() {
-            let prod = _mm512_mul_ps(wv, K::load16(values.as_ptr().add(p * hd + 16 * c), width(c)));
+            let prod = _mm512_mul_ps(wv, K::load16(values.as_ptr().add(p * hd + d0 + 16 * c), width(c)));
             *a = _mm512_add_ps(*a, prod);
         }
     }
     for (c, a) in acc.iter().enumerate() {
-        _mm512_mask_storeu_ps(o.as_mut_ptr().add(16 * c), ((1u32 << width(c)) - 1) as __mmask16, *a);
-    }
-}
-
-/// [`axpy_impl`] for rows of any length: 16 lanes at a time, each a pass over the positions.
-#[inline(always)]
-unsafe fn axpy_columns<K: Lanes>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
-    let hd = o.len();
-    let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), w.len(), values.as_ptr() as *const u8);
-    let (ahead_at, ahead_bytes) = (ahead.as_ptr() as *const u8, std::mem::size_of_val(ahead));
-    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
-    let mut i = 0;
-    while i < hd {
-        let n = (hd - i).min(16);
-        let m = ((1u32 << n) - 1) as __mmask16;
-        let mut acc = f32::load16(o.as_ptr().add(i), n);
-        for (p, wp) in w.iter().enumerate() {
-            if i == 0 {
-                // The first pass over the positions brings in whole rows for the later ones,
-                // and a share of the next step's rows per position.
-                prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
-                prefetch_share(ahead_at, ahead_bytes, p, rows);
-            }
-            let prod = _mm512_mul_ps(_mm512_set1_ps(*wp), K::load16(values.as_ptr().add(p * hd + i), n));
-            acc = _mm512_add_ps(acc, prod);
-        }
-        _mm512_mask_storeu_ps(o.as_mut_ptr().add(i), m, acc);
-        i += 16;
+        _mm512_mask_storeu_ps(ob.as_mut_ptr().add(16 * c), ((1u32 << width(c)) - 1) as __mmask16, *a);
     }
 }
 
