@@ -212,26 +212,31 @@ fn tq2_with_varied_block_scales_equals_oracle() {
     let m = TernaryMatrix::random(n, k, 1.0, 12);
     let packed = Tq2Matrix::pack(&m).unwrap();
     let mut g = SplitMix64::new(13);
-    // Every third row keeps one scale for all its blocks (the kernels' integer fast path), the
-    // others get a different scale per block, so both paths run side by side in one matrix.
+    // Most rows keep one scale for all their blocks (the kernels' integer fast path, in tiles
+    // of up to four rows), a few get a different scale per block, so both paths run side by
+    // side in one matrix. The runs of uniform rows (5, 2, 6, 10 and 5 long) take every tile size.
     let per_row = k / QK_K;
+    let uniform = |r: usize| ![5, 8, 15, 16, 27].contains(&r);
     let blocks: Vec<BlockTq2_0> = packed
         .blocks()
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            let d = if (i / per_row).is_multiple_of(3) { b.d } else { half::f16::from_f32(0.01 + g.unit_f32() * 0.09) };
+            let d = if uniform(i / per_row) { b.d } else { half::f16::from_f32(0.01 + g.unit_f32() * 0.09) };
             BlockTq2_0 { qs: b.qs, d }
         })
         .collect();
     let m2 = Tq2Matrix::from_blocks(n, k, blocks).unwrap();
-    assert!((0..n).all(|r| m2.row_has_uniform_scale(r) == r.is_multiple_of(3)));
+    assert!((0..n).all(|r| m2.row_has_uniform_scale(r) == uniform(r)));
     let w = PackedWeights::Tq2(m2);
     for b in [1, 5, 8, 9] {
         let x = activations(b, k, b as u64);
         let want = oracle(&w, &x, 0..n);
         for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq2_0) {
             assert_same(kernel, WeightFormat::Tq2_0, &format!("varied d, B={b}"), &run(kernel, &w, &x, 0..n), &want);
+            // Other row ranges start the tiles at other rows.
+            let part = run(kernel, &w, &x, 3..n);
+            assert_same(kernel, WeightFormat::Tq2_0, &format!("varied d, rows 3.., B={b}"), &part, &want[3 * b..]);
         }
     }
 }

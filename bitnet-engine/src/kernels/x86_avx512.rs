@@ -376,16 +376,20 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     let mut r = rows.start;
     while r < rows.end {
         let i = r - rows.start;
-        // One token, two uniform rows: every activation load feeds both rows (as in i2_tile),
-        // and two rows' blocks stream side by side.
+        // One token: up to four uniform rows per pass, so that every activation load and row
+        // epilogue serves them all (as in i2_masked_rows).
         if batch == 1 && w.row_has_uniform_scale(r) {
-            if r + 2 <= rows.end && w.row_has_uniform_scale(r + 1) {
-                tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]);
-                r += 2;
-            } else {
-                tq2_uniform_rows::<1>(w, r, x, &mut out[i..i + 1]);
-                r += 1;
+            let uniform = (r + 1..rows.end.min(r + 4)).take_while(|&j| w.row_has_uniform_scale(j)).count() + 1;
+            match uniform {
+                4 => tq2_uniform_rows::<4>(w, r, x, &mut out[i..i + 4]),
+                2 | 3 => tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]),
+                _ => tq2_uniform_rows::<1>(w, r, x, &mut out[i..i + 1]),
             }
+            r += match uniform {
+                4 => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
             continue;
         }
         let o = &mut out[i * batch..(i + 1) * batch];
@@ -436,14 +440,17 @@ unsafe fn tq2_field_shifts() -> [__m512i; 2] {
 #[inline(always)]
 unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
     let xs = x.token(0).as_ptr() as *const u8;
-    let src: [&[BlockTq2_0]; R] = std::array::from_fn(|i| w.row(r + i));
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
+    const BLOCK: usize = std::mem::size_of::<BlockTq2_0>();
     let mut acc = [[_mm512_setzero_si512(); 4]; R];
     for blk in 0..w.blocks_per_row() {
-        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
-            let b = &src[i][blk];
-            prefetch_stream_span(b as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-            tq2_masked_codes(b.qs.as_ptr())
-        });
+        // The R rows lie back to back: prefetch them as one ascending stream, R + 1 lines per
+        // block (R blocks of 66 bytes), so that over the row's blocks the stream covers the
+        // tile. Wrapping: near the matrix's end these addresses pass it (a prefetch never faults).
+        for i in 0..=R {
+            prefetch_stream(src[0].wrapping_add(R * BLOCK * blk + 64 * i));
+        }
+        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| tq2_masked_codes(src[i].add(BLOCK * blk)));
         let xb = xs.add(blk * QK_K);
         for n in 0..4 {
             let xv = load(xb.add(64 * n));
@@ -453,15 +460,16 @@ unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &Activati
         }
     }
     let [s01, s23] = tq2_field_shifts();
-    for i in 0..R {
+    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| {
         let a = &acc[i];
-        let v = _mm512_add_epi32(
+        _mm512_add_epi32(
             _mm512_add_epi32(_mm512_srav_epi32(a[0], s01), _mm512_srav_epi32(a[1], s23)),
             _mm512_add_epi32(_mm512_srav_epi32(a[2], s01), _mm512_srav_epi32(a[3], s23)),
-        );
-        let d = f16_to_f64(src[i][0].d);
-        let isum = _mm512_reduce_add_epi32(v) - x.sum(0);
-        out[i] = finish_blocks(d * isum as f64, x.scale(0));
+        )
+    }));
+    for i in 0..R {
+        let d = f16_to_f64(w.row(r + i)[0].d);
+        out[i] = finish_blocks(d * (sums[i] - x.sum(0)) as f64, x.scale(0));
     }
 }
 
