@@ -182,9 +182,10 @@ pub struct KernelScratch {
     codes: AlignedBytes,
     /// AND results of the xnor stage, `[8 planes, 2 (mask, sign), plane_words]`.
     words: Vec<u64>,
-    /// Activations in TQ1 digit order for the AVX-512 TQ1 kernel, `[batch, cols / 256, 320]`;
-    /// grown on first use for a batch size, so later calls allocate nothing.
-    pub(crate) tq1_digits: AlignedBytes,
+    /// Activations rearranged for the AVX-512 TQ1 and TQ2 kernels (TQ1 digit order,
+    /// `[batch, cols / 256, 320]`, or TQ2 lane order, `[cols]`); grown on first use for a
+    /// batch size, so later calls allocate nothing.
+    pub(crate) x_reordered: AlignedBytes,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,
     /// What the split forms measured since [`KernelScratch::take_split_ticks`].
@@ -204,7 +205,7 @@ impl KernelScratch {
         Self {
             codes: AlignedBytes::zeroed(TILE_BYTES),
             words: Vec::new(),
-            tq1_digits: AlignedBytes::zeroed(0),
+            x_reordered: AlignedBytes::zeroed(0),
             time_stages: false,
             split_ticks: SplitTicks::default(),
             sample_phase: 0,

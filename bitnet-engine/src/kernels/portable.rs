@@ -30,7 +30,15 @@ pub(crate) trait IsaOps: Copy {
     /// Total population count of `words`.
     fn popcount(self, words: &[u64]) -> u32;
     fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
-    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    /// `scratch` holds the activations in TQ2 lane order for the ISA levels that use it.
+    fn tq2_fused(
+        self,
+        w: &Tq2Matrix,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    );
     /// `scratch` holds the activations in TQ1 digit order for the ISA levels that use it.
     fn tq1_fused(
         self,
@@ -55,7 +63,7 @@ pub(crate) fn run<I: IsaOps>(
 ) {
     match (form, w) {
         (KernelForm::Fused, PackedWeights::I2(m)) => isa.i2_fused(m, x, rows, out),
-        (KernelForm::Fused, PackedWeights::Tq2(m)) => isa.tq2_fused(m, x, rows, out),
+        (KernelForm::Fused, PackedWeights::Tq2(m)) => isa.tq2_fused(m, x, rows, out, scratch),
         (KernelForm::Fused, PackedWeights::Tq1(m)) => isa.tq1_fused(m, x, rows, out, scratch),
         (KernelForm::Fused, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => isa.xnor_fused(w, x, rows, out),
         (KernelForm::Split, PackedWeights::BitPlanes(_) | PackedWeights::Binary(_)) => {
@@ -392,6 +400,21 @@ pub(crate) fn i2_tail_dot(src: &[u8], t: usize, x: &[i8]) -> i32 {
 /// Bytes of one 256-weight block of activations in TQ1 digit order: five 64-lane vectors.
 pub(crate) const TQ1_DIGIT_BLOCK: usize = 5 * 64;
 
+/// One token's activations in the lane order of a TQ2_0 block's 64 code bytes: lane 32j + m of
+/// vector n holds the activation of field n of code byte 32j + m, weight 128j + 32n + m. A
+/// kernel then loads a block's codes once and masks field n in place for vector n, as for
+/// I2. `x.len()` must equal `dst.len()`, a multiple of 256.
+pub(crate) fn tq2_lane_order(x: &[i8], dst: &mut [i8]) {
+    debug_assert!(dst.len() == x.len() && x.len().is_multiple_of(QK_K));
+    for (src, d) in x.chunks_exact(QK_K).zip(dst.chunks_exact_mut(QK_K)) {
+        for n in 0..4 {
+            for j in 0..2 {
+                d[64 * n + 32 * j..64 * n + 32 * j + 32].copy_from_slice(&src[128 * j + 32 * n..128 * j + 32 * n + 32]);
+            }
+        }
+    }
+}
+
 /// One token's activations rearranged for the in-register TQ1 kernels: vector n of a block holds
 /// in lane m the activation of the weight that digit n of code byte m (`qs` then `qh`, see
 /// [`tq1_position`]) encodes, and 0 where byte m has no digit n (the fifth digit of `qh`) and in
@@ -536,7 +559,7 @@ impl IsaOps for Portable {
         }
     }
 
-    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {
         let batch = x.batch();
         for (i, r) in rows.enumerate() {
             for b in 0..batch {
@@ -637,6 +660,23 @@ mod tests {
             for i in 0..QK_K {
                 let (m, n) = tq1_position(i);
                 want[blk * TQ1_DIGIT_BLOCK + 64 * n + m] = x[blk * QK_K + i];
+            }
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tq2_lane_order_puts_each_activation_under_its_field() {
+        // From the format's position table: weight i of a block is field s/2 of code byte m,
+        // so its activation must sit in lane m of vector s/2.
+        let x: Vec<i8> = (0..3 * QK_K).map(|i| ((i * 37 % 251) as i32 - 125) as i8).collect();
+        let mut got = vec![99i8; 3 * QK_K];
+        tq2_lane_order(&x, &mut got);
+        let mut want = vec![99i8; 3 * QK_K];
+        for blk in 0..3 {
+            for i in 0..QK_K {
+                let (m, shift) = crate::formats::tq2::tq2_position(i);
+                want[blk * QK_K + 64 * (shift as usize / 2) + m] = x[blk * QK_K + i];
             }
         }
         assert_eq!(got, want);

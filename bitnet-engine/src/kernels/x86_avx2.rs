@@ -61,7 +61,7 @@ impl IsaOps for Avx2 {
     fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { i2_fused(w, x, rows, out) }
     }
-    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {
         unsafe { tq2_fused(w, x, rows, out) }
     }
     fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {

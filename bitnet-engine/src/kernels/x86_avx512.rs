@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::portable::{
-    i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, IsaOps, TQ1_DIGIT_BLOCK,
+    i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_stream, prefetch_stream_span,
@@ -70,8 +70,15 @@ impl IsaOps for Avx512 {
     fn i2_fused(self, w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { i2_fused(w, x, rows, out) }
     }
-    fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-        unsafe { tq2_fused(w, x, rows, out) }
+    fn tq2_fused(
+        self,
+        w: &Tq2Matrix,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    ) {
+        unsafe { tq2_fused(w, x, rows, out, scratch) }
     }
     fn tq1_fused(
         self,
@@ -371,8 +378,22 @@ unsafe fn i2_masked_rows<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationB
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
-unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+unsafe fn tq2_fused(
+    w: &Tq2Matrix,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
     let batch = x.batch();
+    if batch == 1 {
+        let k = w.cols();
+        if scratch.x_reordered.len() < k {
+            scratch.x_reordered = AlignedBytes::zeroed(k);
+        }
+        tq2_lane_order(&x.token(0)[..k], &mut scratch.x_reordered.as_i8_mut()[..k]);
+    }
+    let xl = scratch.x_reordered.as_slice().as_ptr();
     let mut r = rows.start;
     while r < rows.end {
         let i = r - rows.start;
@@ -381,9 +402,9 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
         if batch == 1 && w.row_has_uniform_scale(r) {
             let uniform = (r + 1..rows.end.min(r + 4)).take_while(|&j| w.row_has_uniform_scale(j)).count() + 1;
             match uniform {
-                4 => tq2_uniform_rows::<4>(w, r, x, &mut out[i..i + 4]),
-                2 | 3 => tq2_uniform_rows::<2>(w, r, x, &mut out[i..i + 2]),
-                _ => tq2_uniform_rows::<1>(w, r, x, &mut out[i..i + 1]),
+                4 => tq2_uniform_rows::<4>(w, r, x, xl, &mut out[i..i + 4]),
+                2 | 3 => tq2_uniform_rows::<2>(w, r, x, xl, &mut out[i..i + 2]),
+                _ => tq2_uniform_rows::<1>(w, r, x, xl, &mut out[i..i + 1]),
             }
             r += match uniform {
                 4 => 4,
@@ -411,35 +432,18 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     }
 }
 
-/// TQ2_0 codes left in place (as [`field_mask`] does for I2): the same four vectors as
-/// [`tq2_codes`], but each 256-bit half holds its code times 4^s for its field s
-/// (vector 0: fields 0 | 1, vector 1: 2 | 3, vector 2: 0 | 1, vector 3: 2 | 3). Four ANDs, no
-/// shift; [`tq2_field_shifts`] undoes the factors per lane at the end.
-#[inline(always)]
-unsafe fn tq2_masked_codes(qs: *const u8) -> [__m512i; 4] {
-    let m01 = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x03), _mm256_set1_epi8(0x0c));
-    let m23 = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x30), _mm256_set1_epi8(0xc0u8 as i8));
-    let lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs as *const __m256i));
-    let hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32) as *const __m256i));
-    [_mm512_and_si512(lo, m01), _mm512_and_si512(lo, m23), _mm512_and_si512(hi, m01), _mm512_and_si512(hi, m23)]
-}
-
-/// Per-lane right shifts that undo [`tq2_masked_codes`]' factors: for code vectors 0 and 2
-/// (fields 0 | 1) and for 1 and 3 (fields 2 | 3).
-#[inline(always)]
-unsafe fn tq2_field_shifts() -> [__m512i; 2] {
-    [
-        _mm512_inserti64x4::<1>(_mm512_set1_epi32(0), _mm256_set1_epi32(2)),
-        _mm512_inserti64x4::<1>(_mm512_set1_epi32(4), _mm256_set1_epi32(6)),
-    ]
-}
-
-/// Token 0 × rows `r..r+R`, each with one scale for all its blocks: integer sums with the codes
-/// kept in place ([`tq2_masked_codes`]), one accumulator per row and code vector (exact in
+/// Token 0 × rows `r..r+R`, each with one scale for all its blocks, against the activations
+/// `xl` in [`tq2_lane_order`]: per block and row one 64-byte load of the codes and four ANDs
+/// ([`field_mask`]) feed four vpdpbusd, as for I2; one accumulator per row and field (exact in
 /// i32 as in [`i2_masked_rows`]), one activation load per 64 weights for all R rows.
 #[inline(always)]
-unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
-    let xs = x.token(0).as_ptr() as *const u8;
+unsafe fn tq2_uniform_rows<const R: usize>(
+    w: &Tq2Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    xl: *const u8,
+    out: &mut [f32],
+) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
     const BLOCK: usize = std::mem::size_of::<BlockTq2_0>();
     let mut acc = [[_mm512_setzero_si512(); 4]; R];
@@ -450,23 +454,18 @@ unsafe fn tq2_uniform_rows<const R: usize>(w: &Tq2Matrix, r: usize, x: &Activati
         for i in 0..=R {
             prefetch_stream(src[0].wrapping_add(R * BLOCK * blk + 64 * i));
         }
-        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| tq2_masked_codes(src[i].add(BLOCK * blk)));
-        let xb = xs.add(blk * QK_K);
+        // A block's 64 code bytes (`qs` leads the block; its scale is not loaded).
+        let v: [__m512i; R] = std::array::from_fn(|i| load(src[i].add(BLOCK * blk)));
+        let xb = xl.add(blk * QK_K);
         for n in 0..4 {
             let xv = load(xb.add(64 * n));
+            let m = field_mask(n);
             for i in 0..R {
-                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], c[i][n], xv);
+                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], _mm512_and_si512(v[i], m), xv);
             }
         }
     }
-    let [s01, s23] = tq2_field_shifts();
-    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| {
-        let a = &acc[i];
-        _mm512_add_epi32(
-            _mm512_add_epi32(_mm512_srav_epi32(a[0], s01), _mm512_srav_epi32(a[1], s23)),
-            _mm512_add_epi32(_mm512_srav_epi32(a[2], s01), _mm512_srav_epi32(a[3], s23)),
-        )
-    }));
+    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| combine_fields(acc[i])));
     for i in 0..R {
         let d = f16_to_f64(w.row(r + i)[0].d);
         out[i] = finish_blocks(d * (sums[i] - x.sum(0)) as f64, x.scale(0));
@@ -610,10 +609,10 @@ unsafe fn tq1_fused(
     } else {
         w.blocks_per_row() * TQ1_DIGIT_BLOCK
     };
-    if scratch.tq1_digits.len() < batch * stride {
-        scratch.tq1_digits = AlignedBytes::zeroed(batch * stride);
+    if scratch.x_reordered.len() < batch * stride {
+        scratch.x_reordered = AlignedBytes::zeroed(batch * stride);
     }
-    let digits = &mut scratch.tq1_digits.as_i8_mut()[..batch * stride];
+    let digits = &mut scratch.x_reordered.as_i8_mut()[..batch * stride];
     if batch == 1 {
         tq1_row_digit_order(x.token(0), digits);
     } else {
@@ -621,7 +620,7 @@ unsafe fn tq1_fused(
             tq1_digit_order(x.token(b), d);
         }
     }
-    let xd = scratch.tq1_digits.as_slice().as_ptr();
+    let xd = scratch.x_reordered.as_slice().as_ptr();
     let mut r = rows.start;
     while r < rows.end {
         let o = &mut out[(r - rows.start) * batch..];
