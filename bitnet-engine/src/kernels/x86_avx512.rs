@@ -219,6 +219,38 @@ unsafe fn reduce_acc<const A: usize>(acc: &[__m512i; A]) -> i32 {
 /// Tokens processed together per pass over a weight row.
 const GROUP: usize = 8;
 
+/// Runs `$tile::<R, G, A>(w, r, x, b0, out)` over all tokens in groups of up to [`GROUP`]:
+/// R = 2 rows if `$two`, else 1; A accumulators so that R·G·A ≤ 16 (one row, one token: 4).
+macro_rules! code_tiles {
+    ($tile:ident, $two:expr, $w:expr, $r:expr, $x:expr, $out:expr) => {{
+        let batch = $x.batch();
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = GROUP.min(batch - b0);
+            match ($two, g) {
+                (true, 1) => $tile::<2, 1, 2>($w, $r, $x, b0, $out),
+                (true, 2) => $tile::<2, 2, 2>($w, $r, $x, b0, $out),
+                (true, 3) => $tile::<2, 3, 2>($w, $r, $x, b0, $out),
+                (true, 4) => $tile::<2, 4, 2>($w, $r, $x, b0, $out),
+                (true, 5) => $tile::<2, 5, 1>($w, $r, $x, b0, $out),
+                (true, 6) => $tile::<2, 6, 1>($w, $r, $x, b0, $out),
+                (true, 7) => $tile::<2, 7, 1>($w, $r, $x, b0, $out),
+                (true, 8) => $tile::<2, 8, 1>($w, $r, $x, b0, $out),
+                (false, 1) => $tile::<1, 1, 4>($w, $r, $x, b0, $out),
+                (false, 2) => $tile::<1, 2, 2>($w, $r, $x, b0, $out),
+                (false, 3) => $tile::<1, 3, 2>($w, $r, $x, b0, $out),
+                (false, 4) => $tile::<1, 4, 2>($w, $r, $x, b0, $out),
+                (false, 5) => $tile::<1, 5, 1>($w, $r, $x, b0, $out),
+                (false, 6) => $tile::<1, 6, 1>($w, $r, $x, b0, $out),
+                (false, 7) => $tile::<1, 7, 1>($w, $r, $x, b0, $out),
+                (false, 8) => $tile::<1, 8, 1>($w, $r, $x, b0, $out),
+                _ => unreachable!("group sizes are 1..=8"),
+            }
+            b0 += g;
+        }
+    }};
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
@@ -245,28 +277,13 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
             r += if two { 2 } else { 1 };
             continue;
         }
-        let mut b0 = 0;
-        while b0 < batch {
-            let g = GROUP.min(batch - b0);
-            macro_rules! tile {
-                ($($n:literal => $a:literal),*) => {
-                    match (two, g) {
-                        $((true, $n) => i2_tile::<2, $n, $a>(w, r, x, b0, o),)*
-                        $((false, $n) => i2_tile::<1, $n, { if $n == 1 { 4 } else { $a } }>(w, r, x, b0, o),)*
-                        _ => unreachable!("group sizes are 1..=8"),
-                    }
-                };
-            }
-            tile!(1 => 2, 2 => 2, 3 => 2, 4 => 2, 5 => 1, 6 => 1, 7 => 1, 8 => 1);
-            b0 += g;
-        }
+        code_tiles!(i2_tile, two, w, r, x, o);
         r += if two { 2 } else { 1 };
     }
 }
 
-/// Rows `r..r+R` × tokens `b0..b0+G`: each row's 64-byte block is loaded and split into four
-/// code vectors once, and each 64-byte activation chunk is loaded once for all R rows.
-/// Writes `out[i × batch + b]` for row `r + i`.
+/// Rows `r..r+R` × tokens `b0..b0+G` of an I2 matrix ([`code_tile`] over its full blocks, then
+/// the tail). Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
 unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     w: &I2Matrix,
@@ -278,15 +295,46 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     let batch = x.batch();
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let sums = code_tile::<R, G, A, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs);
+    let (full, t) = (w.full_blocks(), w.tail_weights());
+    for i in 0..R {
+        for g in 0..G {
+            let b = b0 + g;
+            let mut isum = sums[i][g];
+            if t > 0 {
+                isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
+            }
+            out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
+        }
+    }
+}
+
+/// Integer dot products of R rows × G tokens over `blocks` blocks of 256 2-bit codes, `stride`
+/// bytes apart in each row: an I2 block (64 bytes, [`split4`]) or, with `TQ2`, a TQ2_0 block
+/// (66 bytes, [`tq2_codes`]). Each row's block is unpacked into four code vectors once, and
+/// each 64-byte activation chunk is loaded once for all R rows; A accumulators per row and
+/// token hide vpdpbusd latency (R·G·A ≤ 16, plus 4R codes, in the 32 zmm registers).
+#[inline(always)]
+unsafe fn code_tile<const R: usize, const G: usize, const A: usize, const TQ2: bool>(
+    src: [*const u8; R],
+    stride: usize,
+    blocks: usize,
+    xs: [*const u8; G],
+) -> [[i32; G]; R] {
     let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
-    for blk in 0..w.full_blocks() {
-        let off = blk * I2_BLOCK_BYTES;
+    for blk in 0..blocks {
+        let off = blk * stride;
         let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
-            prefetch_stream(src[i].add(off));
-            split4(load(src[i].add(off)))
+            if TQ2 {
+                prefetch_stream_span(src[i].add(off), stride);
+                tq2_codes(src[i].add(off))
+            } else {
+                prefetch_stream(src[i].add(off));
+                split4(load(src[i].add(off)))
+            }
         });
         for g in 0..G {
-            let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
+            let xb = xs[g].add(blk * QK_K);
             for n in 0..4 {
                 let xv = load(xb.add(64 * n));
                 for i in 0..R {
@@ -295,17 +343,7 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
             }
         }
     }
-    let (full, t) = (w.full_blocks(), w.tail_weights());
-    for i in 0..R {
-        for g in 0..G {
-            let b = b0 + g;
-            let mut isum = reduce_acc(&acc[i][g]);
-            if t > 0 {
-                isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
-            }
-            out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
-        }
-    }
+    std::array::from_fn(|i| std::array::from_fn(|g| reduce_acc(&acc[i][g])))
 }
 
 /// The mask of 2-bit field n of every byte, `3 << 2n`: `v & mask` leaves the field in place,
@@ -413,6 +451,14 @@ unsafe fn tq2_fused(
             };
             continue;
         }
+        if w.row_has_uniform_scale(r) {
+            // More tokens, one scale per row: integer tiles as for I2, two rows per pass where
+            // the next row is uniform too.
+            let two = r + 2 <= rows.end && w.row_has_uniform_scale(r + 1);
+            code_tiles!(tq2_uniform_tile, two, w, r, x, &mut out[i * batch..]);
+            r += if two { 2 } else { 1 };
+            continue;
+        }
         let o = &mut out[i * batch..(i + 1) * batch];
         let mut b0 = 0;
         while b0 < batch {
@@ -472,17 +518,12 @@ unsafe fn tq2_uniform_rows<const R: usize>(
     }
 }
 
-/// One TQ2_0 row × tokens `b0..b0+G`. Per block, the 16 i32 lanes are folded to 8, converted
-/// to f64 and multiplied by the block scale into f64 lane accumulators (exact: see the kernels
-/// module docs); the activation block sums are subtracted the same way in scalar f64.
+/// One TQ2_0 row with a scale per block × tokens `b0..b0+G`. Per block, the 16 i32 lanes are
+/// folded to 8, converted to f64 and multiplied by the block scale into f64 lane accumulators
+/// (exact: see the kernels module docs); the activation block sums are subtracted the same way
+/// in scalar f64.
 #[inline(always)]
 unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
-    if w.row_has_uniform_scale(r) {
-        if G == 1 {
-            return tq2_uniform::<G, 4>(w, r, x, b0, out);
-        }
-        return tq2_uniform::<G, 2>(w, r, x, b0, out);
-    }
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let bs: [&[i32]; G] = std::array::from_fn(|g| x.block_sums(b0 + g));
     let mut facc = [_mm512_setzero_pd(); G];
@@ -510,34 +551,28 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
     }
 }
 
-/// A TQ2_0 row whose blocks all share one scale `d`: Σ_blk d·isum_blk = d·Σ_blk isum_blk exactly
-/// (every partial sum is d times an integer below 2^31, exact in f64), so the row is summed in
-/// integers like I2 and scaled once. A accumulators per token hide vpdpbusd latency.
+/// Rows `r..r+R` of a TQ2_0 matrix whose blocks all share one scale `d` per row × tokens
+/// `b0..b0+G`: Σ_blk d·isum_blk = d·Σ_blk isum_blk exactly (every partial sum is d times an
+/// integer below 2^31, exact in f64), so the rows are summed in integers like I2
+/// ([`code_tile`]) and scaled once. Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn tq2_uniform<const G: usize, const A: usize>(
+unsafe fn tq2_uniform_tile<const R: usize, const G: usize, const A: usize>(
     w: &Tq2Matrix,
     r: usize,
     x: &ActivationBatch,
     b0: usize,
     out: &mut [f32],
 ) {
+    let batch = x.batch();
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
-    let mut acc = [[_mm512_setzero_si512(); A]; G];
-    let row = w.row(r);
-    for (blk, block) in row.iter().enumerate() {
-        prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-        let c = tq2_codes(block.qs.as_ptr());
+    let sums = code_tile::<R, G, A, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs);
+    for i in 0..R {
+        let d = f16_to_f64(w.row(r + i)[0].d);
         for g in 0..G {
-            let xb = xs[g].add(blk * QK_K);
-            for n in 0..4 {
-                acc[g][n % A] = _mm512_dpbusd_epi32(acc[g][n % A], c[n], load(xb.add(64 * n)));
-            }
+            let b = b0 + g;
+            out[i * batch + b] = finish_blocks(d * (sums[i][g] - x.sum(b)) as f64, x.scale(b));
         }
-    }
-    let d = f16_to_f64(row[0].d);
-    for g in 0..G {
-        let isum = reduce_acc(&acc[g]) - x.sum(b0 + g);
-        out[b0 + g] = finish_blocks(d * isum as f64, x.scale(b0 + g));
     }
 }
 
