@@ -6,9 +6,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::portable::{decode_tq1_qh, i2_tail_dot, run, IsaOps};
+use super::portable::{decode_tq1_qh, i2_tail_dot, run, tq1_row_chunks, tq1_row_digit_order, IsaOps, TQ1_DIGIT_BLOCK};
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
+use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
 use crate::formats::i2::{I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
 use crate::formats::{BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K};
@@ -64,8 +65,15 @@ impl IsaOps for Avx2 {
     fn tq2_fused(self, w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {
         unsafe { tq2_fused(w, x, rows, out) }
     }
-    fn tq1_fused(self, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32], _: &mut KernelScratch) {
-        unsafe { tq1_fused(self, w, x, rows, out) }
+    fn tq1_fused(
+        self,
+        w: &Tq1Matrix,
+        x: &ActivationBatch,
+        rows: Range<usize>,
+        out: &mut [f32],
+        scratch: &mut KernelScratch,
+    ) {
+        unsafe { tq1_fused(self, w, x, rows, out, scratch) }
     }
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { xnor_fused(w, x, rows, out) }
@@ -153,7 +161,7 @@ pub(crate) unsafe fn decode_tq1_block(b: &BlockTq1_0, dst: &mut [u8]) {
     let mut q = load(b.qs.as_ptr());
     for n in 0..5 {
         if n > 0 {
-            q = _mm256_add_epi8(q, _mm256_add_epi8(q, q));
+            q = times3(q);
         }
         store(dst.as_mut_ptr().add(32 * n), tq1_trits256(q));
     }
@@ -161,7 +169,7 @@ pub(crate) unsafe fn decode_tq1_block(b: &BlockTq1_0, dst: &mut [u8]) {
     let mut q = _mm_loadu_si128(b.qs.as_ptr().add(32) as *const __m128i);
     for n in 0..5 {
         if n > 0 {
-            q = _mm_add_epi8(q, _mm_add_epi8(q, q));
+            q = times3_128(q);
         }
         _mm_storeu_si128(dst.as_mut_ptr().add(160 + 16 * n) as *mut __m128i, tq1_trits128(q));
     }
@@ -415,8 +423,141 @@ pub(crate) unsafe fn tq1_rows_with<I: IsaOps>(
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
-unsafe fn tq1_fused(isa: Avx2, w: &Tq1Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-    tq1_rows_with(isa, w, x, rows, out)
+unsafe fn tq1_fused(
+    isa: Avx2,
+    w: &Tq1Matrix,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    scratch: &mut KernelScratch,
+) {
+    if x.batch() > 1 {
+        return tq1_rows_with(isa, w, x, rows, out);
+    }
+    // One token: digits computed in registers from each row read as one stream of 64-byte
+    // chunks, against the activations in the same row-stream order as the AVX-512 kernel's.
+    let stride = tq1_row_chunks(w.blocks_per_row()) * TQ1_DIGIT_BLOCK;
+    if scratch.x_reordered.len() < stride {
+        scratch.x_reordered = AlignedBytes::zeroed(stride);
+    }
+    tq1_row_digit_order(x.token(0), &mut scratch.x_reordered.as_i8_mut()[..stride]);
+    let xd = scratch.x_reordered.as_slice().as_ptr();
+    let mut r = rows.start;
+    while r < rows.end {
+        let i = r - rows.start;
+        if !w.row_has_uniform_scale(r) {
+            tq1_rows_with(isa, w, x, r..r + 1, &mut out[i..i + 1]);
+            r += 1;
+        } else if r + 2 <= rows.end && w.row_has_uniform_scale(r + 1) {
+            tq1_digit_rows::<2>(w, r, x, xd, &mut out[i..i + 2]);
+            r += 2;
+        } else {
+            tq1_digit_rows::<1>(w, r, x, xd, &mut out[i..i + 1]);
+            r += 1;
+        }
+    }
+}
+
+/// `y × 3 mod 256` per byte, as two byte adds in inline assembly: written as intrinsics, LLVM
+/// folds the chain `y, 3y, 9y, …` into byte multiplications (`vpmullw` + shifts + blends),
+/// several times the two adds (see the AVX-512 `times3`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3(y: __m256i) -> __m256i {
+    let (out, _two_y): (__m256i, __m256i);
+    std::arch::asm!(
+        "vpaddb {t}, {y}, {y}",
+        "vpaddb {o}, {t}, {y}",
+        y = in(ymm_reg) y,
+        t = out(ymm_reg) _two_y,
+        o = lateout(ymm_reg) out,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    out
+}
+
+/// [`times3`] on 16 bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3_128(y: __m128i) -> __m128i {
+    let (out, _two_y): (__m128i, __m128i);
+    std::arch::asm!(
+        "vpaddb {t}, {y}, {y}",
+        "vpaddb {o}, {t}, {y}",
+        y = in(xmm_reg) y,
+        t = out(xmm_reg) _two_y,
+        o = lateout(xmm_reg) out,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    out
+}
+
+/// Σ digit·x over one 32-byte half of a row chunk: `y` holds the code bytes with their top bit
+/// flipped (`q ^ 0x80`, so that signed compares order them as unsigned), `xh` the chunk's
+/// activations at this half (vector n at `64n`). Digit n of q is `(3·yₙ) >> 8` for
+/// `yₙ = 3ⁿq mod 256`, i.e. `(yₙ > 85) + (yₙ > 170)`; and multiplying the flipped byte by 3
+/// gives the flipped `3yₙ` (3·128 ≡ 128 mod 256), so the flip is done once per load. Pair sums
+/// of `vpmaddubsw` are at most 2·2·128 = 512: five of them add up in i16 without saturation.
+#[inline(always)]
+unsafe fn tq1_half_dot(mut y: __m256i, xh: *const u8) -> __m256i {
+    // 85 and 170 with the top bit flipped, as signed bytes.
+    let (t1, t2) = (_mm256_set1_epi8(-43), _mm256_set1_epi8(42));
+    let mut s = _mm256_setzero_si256();
+    for n in 0..5 {
+        if n > 0 {
+            y = times3(y);
+        }
+        // Compares give −1 where true: 0 − (y > 85) − (y > 170) is the digit.
+        let d = _mm256_sub_epi8(
+            _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(y, t1)),
+            _mm256_cmpgt_epi8(y, t2),
+        );
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(d, load(xh.add(64 * n))));
+    }
+    s
+}
+
+/// One 64-byte chunk `p[i]` of each of R rows against the chunk's activations `xc`, into `acc`.
+#[inline(always)]
+unsafe fn tq1_digit_chunk<const R: usize>(p: [*const u8; R], xc: *const u8, acc: &mut [__m256i; R]) {
+    let flip = _mm256_set1_epi8(-128);
+    for i in 0..R {
+        let lo = tq1_half_dot(_mm256_xor_si256(load(p[i]), flip), xc);
+        let hi = tq1_half_dot(_mm256_xor_si256(load(p[i].add(32)), flip), xc.add(32));
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1)));
+    }
+}
+
+/// Token 0 × rows `r..r+R` (uniform scales) of a TQ1_0 matrix, each row read as one stream of
+/// 64-byte chunks across block boundaries against `xd`, the activations in
+/// [`tq1_row_digit_order`]: block scales and the fifth digit of `qh` meet zero activations and
+/// add nothing. A chunk may run into the next row (zero activations too); the last chunk of a
+/// row, which may run past the matrix's end, is copied into a zeroed buffer first.
+#[inline(always)]
+unsafe fn tq1_digit_rows<const R: usize>(w: &Tq1Matrix, r: usize, x: &ActivationBatch, xd: *const u8, out: &mut [f32]) {
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
+    let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
+    // At least one chunk: a Tq1Matrix has K ≥ 256.
+    let chunks = tq1_row_chunks(w.blocks_per_row());
+    let mut acc = [_mm256_setzero_si256(); R];
+    for c in 0..chunks - 1 {
+        // The R rows lie back to back: one ascending prefetch stream, R lines per chunk.
+        for i in 0..R {
+            prefetch_stream(src[0].wrapping_add(R * 64 * c + 64 * i));
+        }
+        tq1_digit_chunk(std::array::from_fn(|i| src[i].add(64 * c)), xd.add(c * TQ1_DIGIT_BLOCK), &mut acc);
+    }
+    let off = 64 * (chunks - 1);
+    let mut last = [[0u8; 64]; R];
+    for i in 0..R {
+        std::ptr::copy_nonoverlapping(src[i].add(off), last[i].as_mut_ptr(), row_bytes - off);
+    }
+    tq1_digit_chunk(std::array::from_fn(|i| last[i].as_ptr()), xd.add((chunks - 1) * TQ1_DIGIT_BLOCK), &mut acc);
+    for i in 0..R {
+        let isum = hsum_i32(acc[i]) - x.sum(0);
+        let d = f16_to_f64(w.row(r + i)[0].d);
+        out[i] = finish_blocks(d * isum as f64, x.scale(0));
+    }
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
