@@ -354,36 +354,63 @@ unsafe fn i2_group<const G: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, 
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
-        let uniform = w.row_has_uniform_scale(r);
-        for b in 0..batch {
-            let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
-            if uniform {
-                // One scale for the whole row: sum in integers, scale once (exact; see AVX-512).
-                let mut acc = _mm256_setzero_si256();
-                for (blk, block) in w.row(r).iter().enumerate() {
-                    prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-                    let xb = xp.add(blk * QK_K);
-                    let c0 = split4(load(block.qs.as_ptr()));
-                    let c1 = split4(load(block.qs.as_ptr().add(32)));
-                    acc = _mm256_add_epi32(acc, dot4(&c0, xb, [0, 32, 64, 96]));
-                    acc = _mm256_add_epi32(acc, dot4(&c1, xb, [128, 160, 192, 224]));
+        let o = &mut out[i * batch..(i + 1) * batch];
+        if w.row_has_uniform_scale(r) {
+            // One scale for the whole row: sum in integers, scale once (exact; see AVX-512),
+            // each block's codes unpacked once for a group of tokens.
+            let mut b0 = 0;
+            while b0 < batch {
+                match batch - b0 {
+                    1 => tq2_uniform_group::<1>(w, r, x, b0, o),
+                    2 => tq2_uniform_group::<2>(w, r, x, b0, o),
+                    3 => tq2_uniform_group::<3>(w, r, x, b0, o),
+                    _ => tq2_uniform_group::<GROUP>(w, r, x, b0, o),
                 }
-                let d = f16_to_f64(w.row(r)[0].d);
-                out[i * batch + b] = finish_blocks(d * (hsum_i32(acc) - x.sum(b)) as f64, x.scale(b));
-                continue;
+                b0 += GROUP.min(batch - b0);
             }
+            continue;
+        }
+        for (b, ob) in o.iter_mut().enumerate() {
+            let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
             let mut acc = 0f64;
             for (blk, block) in w.row(r).iter().enumerate() {
                 prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
                 let xb = xp.add(blk * QK_K);
-                // 32-byte chunk j holds weights 128j + 32n + m at shift 2n: contiguous per n.
-                let c0 = split4(load(block.qs.as_ptr()));
-                let c1 = split4(load(block.qs.as_ptr().add(32)));
+                let [c0, c1] = tq2_split(block);
                 let s = _mm256_add_epi32(dot4(&c0, xb, [0, 32, 64, 96]), dot4(&c1, xb, [128, 160, 192, 224]));
                 acc += f16_to_f64(block.d) * (hsum_i32(s) - bs[blk]) as f64;
             }
-            out[i * batch + b] = finish_blocks(acc, x.scale(b));
+            *ob = finish_blocks(acc, x.scale(b));
         }
+    }
+}
+
+/// A TQ2_0 block's codes: 32-byte chunk j holds weights 128j + 32n + m at shift 2n, so
+/// `split4` of chunk j gives vectors for the activations at 128j + 32n.
+#[inline(always)]
+unsafe fn tq2_split(block: &BlockTq2_0) -> [[__m256i; 4]; 2] {
+    [split4(load(block.qs.as_ptr())), split4(load(block.qs.as_ptr().add(32)))]
+}
+
+/// One TQ2_0 row with one scale for all its blocks × tokens `b0..b0+G` (as [`i2_group`]).
+#[inline(always)]
+unsafe fn tq2_uniform_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
+    let xs: [*const i8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr());
+    let mut acc = [_mm256_setzero_si256(); G];
+    for (blk, block) in w.row(r).iter().enumerate() {
+        prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
+        let [c0, c1] = tq2_split(block);
+        for g in 0..G {
+            let xb = xs[g].add(blk * QK_K);
+            let a = dot4(&c0, xb, [0, 32, 64, 96]);
+            let b = dot4(&c1, xb, [128, 160, 192, 224]);
+            acc[g] = _mm256_add_epi32(acc[g], _mm256_add_epi32(a, b));
+        }
+    }
+    let d = f16_to_f64(w.row(r)[0].d);
+    for g in 0..G {
+        let b = b0 + g;
+        out[b] = finish_blocks(d * (hsum_i32(acc[g]) - x.sum(b)) as f64, x.scale(b));
     }
 }
 
