@@ -95,13 +95,14 @@ impl KernelFamily {
     }
 
     /// The form [`Kernel::best`] uses at `isa`: the faster one, as measured on the 2B4T shapes.
-    /// Fused everywhere but `tq1` below AVX-512: there the fused form decodes each block into a
+    /// Fused everywhere but portable `tq1`: there the fused form decodes each block into a
     /// stack buffer and reads it straight back — the loads then wait on store forwarding from
-    /// narrower stores — so the split form (a whole tile decoded before the dot stage) is ~1.6×
-    /// faster. The AVX-512 `tq1` kernel extracts digits in registers and has no such buffer.
+    /// narrower stores — so the split form (a whole tile decoded before the dot stage) is
+    /// faster. The AVX2 and AVX-512 `tq1` kernels extract digits in registers and have no such
+    /// buffer (AVX2, in cache: fused 1.5-2.3× split for 1, 2 and 8 tokens).
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
         match (self, isa) {
-            (KernelFamily::Tq1, IsaLevel::Scalar | IsaLevel::Avx2) => KernelForm::Split,
+            (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
             _ => KernelForm::Fused,
         }
     }
@@ -136,7 +137,7 @@ impl FromStr for KernelFamily {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelForm {
     /// Unpack and multiply in registers, no intermediate buffer (the default of every family
-    /// but `tq1` below AVX-512: see [`KernelFamily::default_form`]).
+    /// but portable `tq1`: see [`KernelFamily::default_form`]).
     Fused,
     /// `unpack` a tile of rows into an L1-resident scratch, then `dot` (or `xnor`, then
     /// `popcount`), as separate non-inlined stages — so their costs can be told apart.

@@ -458,30 +458,49 @@ unsafe fn tq1_fused(
     out: &mut [f32],
     scratch: &mut KernelScratch,
 ) {
-    if x.batch() > 1 {
-        return tq1_rows_with(isa, w, x, rows, out);
-    }
-    // One token: digits computed in registers from each row read as one stream of 64-byte
-    // chunks, against the activations in the same row-stream order as the AVX-512 kernel's.
+    // Digits computed in registers from each row read as one stream of 64-byte chunks, against
+    // every token's activations in the same row-stream order as the AVX-512 one-token kernel's.
+    let batch = x.batch();
     let stride = tq1_row_chunks(w.blocks_per_row()) * TQ1_DIGIT_BLOCK;
-    if scratch.x_reordered.len() < stride {
-        scratch.x_reordered = AlignedBytes::zeroed(stride);
+    if scratch.x_reordered.len() < batch * stride {
+        scratch.x_reordered = AlignedBytes::zeroed(batch * stride);
     }
-    tq1_row_digit_order(x.token(0), &mut scratch.x_reordered.as_i8_mut()[..stride]);
+    let digits = &mut scratch.x_reordered.as_i8_mut()[..batch * stride];
+    for (b, d) in digits.chunks_exact_mut(stride).enumerate() {
+        tq1_row_digit_order(x.token(b), d);
+    }
     let xd = scratch.x_reordered.as_slice().as_ptr();
     let mut r = rows.start;
     while r < rows.end {
-        let i = r - rows.start;
+        let o = &mut out[(r - rows.start) * batch..];
         if !w.row_has_uniform_scale(r) {
-            tq1_rows_with(isa, w, x, r..r + 1, &mut out[i..i + 1]);
+            tq1_rows_with(isa, w, x, r..r + 1, &mut o[..batch]);
             r += 1;
-        } else if r + 2 <= rows.end && w.row_has_uniform_scale(r + 1) {
-            tq1_digit_rows::<2>(w, r, x, xd, &mut out[i..i + 2]);
-            r += 2;
-        } else {
-            tq1_digit_rows::<1>(w, r, x, xd, &mut out[i..i + 1]);
-            r += 1;
+            continue;
         }
+        if batch == 1 {
+            // One token: two rows per pass share each activation load.
+            let two = r + 2 <= rows.end && w.row_has_uniform_scale(r + 1);
+            if two {
+                tq1_digit_tile::<2, 1>(w, r, x, xd, stride, 0, o);
+            } else {
+                tq1_digit_tile::<1, 1>(w, r, x, xd, stride, 0, o);
+            }
+            r += if two { 2 } else { 1 };
+            continue;
+        }
+        // More tokens: each row's digits are computed once per chunk half for up to four.
+        let mut b0 = 0;
+        while b0 < batch {
+            match batch - b0 {
+                1 => tq1_digit_tile::<1, 1>(w, r, x, xd, stride, b0, o),
+                2 => tq1_digit_tile::<1, 2>(w, r, x, xd, stride, b0, o),
+                3 => tq1_digit_tile::<1, 3>(w, r, x, xd, stride, b0, o),
+                _ => tq1_digit_tile::<1, GROUP>(w, r, x, xd, stride, b0, o),
+            }
+            b0 += GROUP.min(batch - b0);
+        }
+        r += 1;
     }
 }
 
@@ -519,71 +538,97 @@ unsafe fn times3_128(y: __m128i) -> __m128i {
     out
 }
 
-/// Σ digit·x over one 32-byte half of a row chunk: `y` holds the code bytes with their top bit
-/// flipped (`q ^ 0x80`, so that signed compares order them as unsigned), `xh` the chunk's
-/// activations at this half (vector n at `64n`). Digit n of q is `(3·yₙ) >> 8` for
-/// `yₙ = 3ⁿq mod 256`, i.e. `(yₙ > 85) + (yₙ > 170)`; and multiplying the flipped byte by 3
-/// gives the flipped `3yₙ` (3·128 ≡ 128 mod 256), so the flip is done once per load. Pair sums
-/// of `vpmaddubsw` are at most 2·2·128 = 512: five of them add up in i16 without saturation.
+/// The five digit vectors of one 32-byte half of a row chunk, from its code bytes `q`. Digit
+/// n of q is `(3·yₙ) >> 8` for `yₙ = 3ⁿq mod 256`, i.e. `(yₙ > 85) + (yₙ > 170)`: two signed
+/// compares once the top bit is flipped (`q ^ 0x80`), and the flip is done once per load, since
+/// 3 times the flipped byte is the flipped `3yₙ` (3·128 ≡ 128 mod 256).
 #[inline(always)]
-unsafe fn tq1_half_dot(mut y: __m256i, xh: *const u8) -> __m256i {
+unsafe fn tq1_half_digits(q: __m256i) -> [__m256i; 5] {
     // 85 and 170 with the top bit flipped, as signed bytes.
     let (t1, t2) = (_mm256_set1_epi8(-43), _mm256_set1_epi8(42));
-    let mut s = _mm256_setzero_si256();
-    for n in 0..5 {
+    let mut y = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
+    std::array::from_fn(|n| {
         if n > 0 {
             y = times3(y);
         }
-        // Compares give −1 where true: 0 − (y > 85) − (y > 170) is the digit.
-        let d = _mm256_sub_epi8(
-            _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(y, t1)),
-            _mm256_cmpgt_epi8(y, t2),
-        );
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(d, load(xh.add(64 * n))));
-    }
-    s
+        // The compares give −1 where true: 0 − (y > 85) − (y > 170) is the digit.
+        _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), _mm256_cmpgt_epi8(y, t1)), _mm256_cmpgt_epi8(y, t2))
+    })
 }
 
-/// One 64-byte chunk `p[i]` of each of R rows against the chunk's activations `xc`, into `acc`.
+/// Σ digit·x of five digit vectors against a chunk half's activations `xh` (vector n at `64n`),
+/// widened to i32. `vpmaddubsw` pair sums are at most 2·2·128 = 512, so five add up in i16.
 #[inline(always)]
-unsafe fn tq1_digit_chunk<const R: usize>(p: [*const u8; R], xc: *const u8, acc: &mut [__m256i; R]) {
-    let flip = _mm256_set1_epi8(-128);
-    for i in 0..R {
-        let lo = tq1_half_dot(_mm256_xor_si256(load(p[i]), flip), xc);
-        let hi = tq1_half_dot(_mm256_xor_si256(load(p[i].add(32)), flip), xc.add(32));
-        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1)));
+unsafe fn tq1_half_dot(d: &[__m256i; 5], xh: *const u8) -> __m256i {
+    let mut s = _mm256_maddubs_epi16(d[0], load(xh));
+    for n in 1..5 {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(d[n], load(xh.add(64 * n))));
+    }
+    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+}
+
+/// One 64-byte chunk `p[i]` of each of R rows against G tokens' activations for the chunk
+/// (`xc[g]`), into `acc[i][g]`.
+#[inline(always)]
+unsafe fn tq1_digit_chunk<const R: usize, const G: usize>(
+    p: [*const u8; R],
+    xc: [*const u8; G],
+    acc: &mut [[__m256i; G]; R],
+) {
+    for h in 0..2 {
+        for i in 0..R {
+            let d = tq1_half_digits(load(p[i].add(32 * h)));
+            for g in 0..G {
+                acc[i][g] = _mm256_add_epi32(acc[i][g], tq1_half_dot(&d, xc[g].add(32 * h)));
+            }
+        }
     }
 }
 
-/// Token 0 × rows `r..r+R` (uniform scales) of a TQ1_0 matrix, each row read as one stream of
-/// 64-byte chunks across block boundaries against `xd`, the activations in
-/// [`tq1_row_digit_order`]: block scales and the fifth digit of `qh` meet zero activations and
-/// add nothing. A chunk may run into the next row (zero activations too); the last chunk of a
-/// row, which may run past the matrix's end, is copied into a zeroed buffer first.
+/// Rows `r..r+R` (uniform scales) × tokens `b0..b0+G` of a TQ1_0 matrix, each row read as one
+/// stream of 64-byte chunks across block boundaries against `xd`, every token's activations in
+/// [`tq1_row_digit_order`] (`stride` bytes per token): block scales and the fifth digit of
+/// `qh` meet zero activations and add nothing. A chunk may run into the next row (zero
+/// activations too); the last chunk of a row, which may run past the matrix's end, is copied
+/// into a zeroed buffer first. Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn tq1_digit_rows<const R: usize>(w: &Tq1Matrix, r: usize, x: &ActivationBatch, xd: *const u8, out: &mut [f32]) {
+unsafe fn tq1_digit_tile<const R: usize, const G: usize>(
+    w: &Tq1Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    xd: *const u8,
+    stride: usize,
+    b0: usize,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
+    let xs: [*const u8; G] = std::array::from_fn(|g| xd.add((b0 + g) * stride));
     let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
     // At least one chunk: a Tq1Matrix has K ≥ 256.
     let chunks = tq1_row_chunks(w.blocks_per_row());
-    let mut acc = [_mm256_setzero_si256(); R];
+    let mut acc = [[_mm256_setzero_si256(); G]; R];
     for c in 0..chunks - 1 {
         // The R rows lie back to back: one ascending prefetch stream, R lines per chunk.
         for i in 0..R {
             prefetch_stream(src[0].wrapping_add(R * 64 * c + 64 * i));
         }
-        tq1_digit_chunk(std::array::from_fn(|i| src[i].add(64 * c)), xd.add(c * TQ1_DIGIT_BLOCK), &mut acc);
+        let xc = std::array::from_fn(|g| xs[g].add(c * TQ1_DIGIT_BLOCK));
+        tq1_digit_chunk(std::array::from_fn(|i| src[i].add(64 * c)), xc, &mut acc);
     }
     let off = 64 * (chunks - 1);
     let mut last = [[0u8; 64]; R];
     for i in 0..R {
         std::ptr::copy_nonoverlapping(src[i].add(off), last[i].as_mut_ptr(), row_bytes - off);
     }
-    tq1_digit_chunk(std::array::from_fn(|i| last[i].as_ptr()), xd.add((chunks - 1) * TQ1_DIGIT_BLOCK), &mut acc);
+    let xc = std::array::from_fn(|g| xs[g].add((chunks - 1) * TQ1_DIGIT_BLOCK));
+    tq1_digit_chunk(std::array::from_fn(|i| last[i].as_ptr()), xc, &mut acc);
     for i in 0..R {
-        let isum = hsum_i32(acc[i]) - x.sum(0);
         let d = f16_to_f64(w.row(r + i)[0].d);
-        out[i] = finish_blocks(d * isum as f64, x.scale(0));
+        for g in 0..G {
+            let b = b0 + g;
+            out[i * batch + b] = finish_blocks(d * (hsum_i32(acc[i][g]) - x.sum(b)) as f64, x.scale(b));
+        }
     }
 }
 
