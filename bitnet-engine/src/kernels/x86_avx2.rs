@@ -504,39 +504,41 @@ unsafe fn tq1_fused(
     }
 }
 
-/// `y × 3 mod 256` per byte, as two byte adds in inline assembly: written as intrinsics, LLVM
-/// folds the chain `y, 3y, 9y, …` into byte multiplications (`vpmullw` + shifts + blends),
-/// several times the two adds (see the AVX-512 `times3`).
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn times3(y: __m256i) -> __m256i {
-    let (out, _two_y): (__m256i, __m256i);
-    std::arch::asm!(
-        "vpaddb {t}, {y}, {y}",
-        "vpaddb {o}, {t}, {y}",
-        y = in(ymm_reg) y,
-        t = out(ymm_reg) _two_y,
-        o = lateout(ymm_reg) out,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    out
+/// Defines `unsafe fn $name(y) -> y × 3 mod 256` per byte for one vector width, as two byte
+/// adds in inline assembly (`$add_2y`, `$add_3y`), because written as intrinsics LLVM folds
+/// the chain `y, 3y, 9y, …` into byte multiplications (`vpmullw` + shifts + blends), several
+/// times the two adds. The scratch register is a typed output: an untyped `out(zmm_reg) _` is
+/// printed with a byte-register name when it lands in zmm16–31 (an LLVM quirk), which does not
+/// assemble.
+macro_rules! times3_asm {
+    ($(#[$doc:meta])* $name:ident: $ty:ty, $reg:ident, $features:literal, $add_2y:literal, $add_3y:literal) => {
+        $(#[$doc])*
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(y: $ty) -> $ty {
+            let (out, _two_y): ($ty, $ty);
+            std::arch::asm!(
+                $add_2y,
+                $add_3y,
+                y = in($reg) y,
+                t = out($reg) _two_y,
+                o = lateout($reg) out,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            out
+        }
+    };
 }
+pub(crate) use times3_asm;
 
-/// [`times3`] on 16 bytes.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn times3_128(y: __m128i) -> __m128i {
-    let (out, _two_y): (__m128i, __m128i);
-    std::arch::asm!(
-        "vpaddb {t}, {y}, {y}",
-        "vpaddb {o}, {t}, {y}",
-        y = in(xmm_reg) y,
-        t = out(xmm_reg) _two_y,
-        o = lateout(xmm_reg) out,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    out
-}
+times3_asm!(
+    /// `y × 3 mod 256` per byte (see [`times3_asm`]).
+    times3: __m256i, ymm_reg, "avx2", "vpaddb {t}, {y}, {y}", "vpaddb {o}, {t}, {y}"
+);
+times3_asm!(
+    /// [`times3`] on 16 bytes.
+    times3_128: __m128i, xmm_reg, "avx2", "vpaddb {t}, {y}, {y}", "vpaddb {o}, {t}, {y}"
+);
 
 /// The five digit vectors of one 32-byte half of a row chunk, from its code bytes `q`. Digit
 /// n of q is `(3·yₙ) >> 8` for `yₙ = 3ⁿq mod 256`, i.e. `(yₙ > 85) + (yₙ > 170)`: two signed

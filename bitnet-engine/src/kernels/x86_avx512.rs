@@ -13,7 +13,7 @@ use super::portable::{
 };
 use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_stream, prefetch_stream_span,
-    tq1_rows_with,
+    times3_asm, tq1_rows_with,
 };
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -580,28 +580,13 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize, const A: usize>(
 /// them, so the last block of a matrix is never read past its end.
 const TQ1_CODE_LANES: __mmask64 = (1u64 << 52) - 1;
 
-/// `y × 3 mod 256` per byte: moves every code byte to its next base-3 digit.
-///
-/// Two byte adds in inline assembly, because written as intrinsics LLVM folds the chain
-/// `y, 3y, 9y, 27y, 81y` into multiplications of the first `y` by constants, and x86 has no
-/// byte multiply: each became `vpmullw` + `vpmaddubsw` + shift + blend, two multiplies that
-/// compete with `vpdpbusd` for the same ports (TQ1_0 in cache: 9 GB/s).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn times3(y: __m512i) -> __m512i {
-    // The scratch register is a typed output: an untyped `out(zmm_reg) _` is printed with a
-    // byte-register name when it lands in zmm16–31 (an LLVM quirk), which does not assemble.
-    let (out, _two_y): (__m512i, __m512i);
-    std::arch::asm!(
-        "vpaddb {t:z}, {y:z}, {y:z}",
-        "vpaddb {o:z}, {t:z}, {y:z}",
-        y = in(zmm_reg) y,
-        t = out(zmm_reg) _two_y,
-        o = lateout(zmm_reg) out,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    out
-}
+times3_asm!(
+    /// `y × 3 mod 256` per byte: moves every code byte to its next base-3 digit. Two byte adds
+    /// in inline assembly ([`times3_asm`]): as intrinsics each step became `vpmullw` +
+    /// `vpmaddubsw` + shift + blend, two multiplies that compete with `vpdpbusd` for the same
+    /// ports (TQ1_0 in cache: 9 GB/s).
+    times3: __m512i, zmm_reg, "avx512f,avx512bw", "vpaddb {t:z}, {y:z}, {y:z}", "vpaddb {o:z}, {t:z}, {y:z}"
+);
 
 /// Codes `(3y) >> 8 = (y > 85) + (y > 170)` ∈ {0, 1, 2} of the current digit of every byte.
 #[inline(always)]
