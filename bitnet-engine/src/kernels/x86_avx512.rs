@@ -378,33 +378,15 @@ unsafe fn reduce_rows<const R: usize>(lanes: [__m512i; R]) -> [i32; R] {
     sums
 }
 
-/// Token 0 × rows `r..r+R` of an I2 matrix, with codes kept in place ([`field_mask`]): per 64-byte
-/// block and row one load and four ANDs feed four vpdpbusd, against seven unpack operations
-/// with shifts. One accumulator per row and field, exact in i32: a lane gains at most
-/// 4 · 128 · 128 = 2¹⁶ per block, so rows up to 2²³ weights cannot overflow.
+/// Token 0 × rows `r..r+R` of an I2 matrix ([`masked_rows_sums`] over its full blocks, then
+/// the tail).
 #[inline(always)]
 unsafe fn i2_masked_rows<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
     let xs = x.token(0).as_ptr() as *const u8;
-    let mut acc = [[_mm512_setzero_si512(); 4]; R];
-    for blk in 0..w.full_blocks() {
-        let off = blk * I2_BLOCK_BYTES;
-        let v: [__m512i; R] = std::array::from_fn(|i| {
-            prefetch_stream(src[i].add(off));
-            load(src[i].add(off))
-        });
-        let xb = xs.add(blk * I2_BLOCK_WEIGHTS);
-        for n in 0..4 {
-            let xv = load(xb.add(64 * n));
-            let m = field_mask(n);
-            for i in 0..R {
-                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], _mm512_and_si512(v[i], m), xv);
-            }
-        }
-    }
     // Every row's integer sum before any tail call (a call would have the accumulators
-    // spilled, and LLVM then stores them inside the loop above).
-    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| combine_fields(acc[i])));
+    // spilled, and LLVM then stores them inside the loop).
+    let sums = masked_rows_sums::<R, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     for i in 0..R {
         let mut isum = sums[i];
@@ -413,6 +395,50 @@ unsafe fn i2_masked_rows<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationB
         }
         out[i] = finish_tensor(isum - x.sum(0), w.scale(), x.scale(0));
     }
+}
+
+/// One token's integer dot products with R rows over `blocks` blocks of 256 2-bit codes,
+/// `stride` bytes apart in each row, the codes kept in place ([`field_mask`]): per block and row
+/// one 64-byte load and four ANDs feed four vpdpbusd, against seven unpack operations with
+/// shifts. `xs` holds the activations in the codes' lane order: the token itself for I2, its
+/// [`tq2_lane_order`] for TQ2_0 (`TQ2`, 66-byte blocks whose 64 code bytes lead). One
+/// accumulator per row and field, exact in i32: a lane gains at most 4 · 128 · 128 = 2¹⁶ per
+/// block, so rows up to 2²³ weights cannot overflow.
+#[inline(always)]
+unsafe fn masked_rows_sums<const R: usize, const TQ2: bool>(
+    src: [*const u8; R],
+    stride: usize,
+    blocks: usize,
+    xs: *const u8,
+) -> [i32; R] {
+    let mut acc = [[_mm512_setzero_si512(); 4]; R];
+    for blk in 0..blocks {
+        let off = blk * stride;
+        if TQ2 {
+            // The R rows lie back to back: prefetch them as one ascending stream, R + 1 lines
+            // per block (R blocks of 66 bytes), so that over the row's blocks the stream covers
+            // the tile. Wrapping: near the matrix's end these addresses pass it (a prefetch
+            // never faults). (I2 measured no better with one stream than with one per row.)
+            for i in 0..=R {
+                prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
+            }
+        }
+        let v: [__m512i; R] = std::array::from_fn(|i| {
+            if !TQ2 {
+                prefetch_stream(src[i].add(off));
+            }
+            load(src[i].add(off))
+        });
+        let xb = xs.add(blk * QK_K);
+        for n in 0..4 {
+            let xv = load(xb.add(64 * n));
+            let m = field_mask(n);
+            for i in 0..R {
+                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], _mm512_and_si512(v[i], m), xv);
+            }
+        }
+    }
+    reduce_rows(std::array::from_fn(|i| combine_fields(acc[i])))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
@@ -439,16 +465,17 @@ unsafe fn tq2_fused(
         // epilogue serves them all (as in i2_masked_rows).
         if batch == 1 && w.row_has_uniform_scale(r) {
             let uniform = (r + 1..rows.end.min(r + 4)).take_while(|&j| w.row_has_uniform_scale(j)).count() + 1;
-            match uniform {
-                4 => tq2_uniform_rows::<4>(w, r, x, xl, &mut out[i..i + 4]),
-                2 | 3 => tq2_uniform_rows::<2>(w, r, x, xl, &mut out[i..i + 2]),
-                _ => tq2_uniform_rows::<1>(w, r, x, xl, &mut out[i..i + 1]),
-            }
-            r += match uniform {
+            let tile = match uniform {
                 4 => 4,
                 2 | 3 => 2,
                 _ => 1,
             };
+            match tile {
+                4 => tq2_uniform_rows::<4>(w, r, x, xl, &mut out[i..i + 4]),
+                2 => tq2_uniform_rows::<2>(w, r, x, xl, &mut out[i..i + 2]),
+                _ => tq2_uniform_rows::<1>(w, r, x, xl, &mut out[i..i + 1]),
+            }
+            r += tile;
             continue;
         }
         if w.row_has_uniform_scale(r) {
@@ -478,10 +505,8 @@ unsafe fn tq2_fused(
     }
 }
 
-/// Token 0 × rows `r..r+R`, each with one scale for all its blocks, against the activations
-/// `xl` in [`tq2_lane_order`]: per block and row one 64-byte load of the codes and four ANDs
-/// ([`field_mask`]) feed four vpdpbusd, as for I2; one accumulator per row and field (exact in
-/// i32 as in [`i2_masked_rows`]), one activation load per 64 weights for all R rows.
+/// Token 0 × rows `r..r+R` of a TQ2_0 matrix, each with one scale for all its blocks
+/// ([`masked_rows_sums`] against the activations `xl` in [`tq2_lane_order`]).
 #[inline(always)]
 unsafe fn tq2_uniform_rows<const R: usize>(
     w: &Tq2Matrix,
@@ -491,27 +516,7 @@ unsafe fn tq2_uniform_rows<const R: usize>(
     out: &mut [f32],
 ) {
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
-    const BLOCK: usize = std::mem::size_of::<BlockTq2_0>();
-    let mut acc = [[_mm512_setzero_si512(); 4]; R];
-    for blk in 0..w.blocks_per_row() {
-        // The R rows lie back to back: prefetch them as one ascending stream, R + 1 lines per
-        // block (R blocks of 66 bytes), so that over the row's blocks the stream covers the
-        // tile. Wrapping: near the matrix's end these addresses pass it (a prefetch never faults).
-        for i in 0..=R {
-            prefetch_stream(src[0].wrapping_add(R * BLOCK * blk + 64 * i));
-        }
-        // A block's 64 code bytes (`qs` leads the block; its scale is not loaded).
-        let v: [__m512i; R] = std::array::from_fn(|i| load(src[i].add(BLOCK * blk)));
-        let xb = xl.add(blk * QK_K);
-        for n in 0..4 {
-            let xv = load(xb.add(64 * n));
-            let m = field_mask(n);
-            for i in 0..R {
-                acc[i][n] = _mm512_dpbusd_epi32(acc[i][n], _mm512_and_si512(v[i], m), xv);
-            }
-        }
-    }
-    let sums: [i32; R] = reduce_rows(std::array::from_fn(|i| combine_fields(acc[i])));
+    let sums = masked_rows_sums::<R, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xl);
     for i in 0..R {
         let d = f16_to_f64(w.row(r + i)[0].d);
         out[i] = finish_blocks(d * (sums[i] - x.sum(0)) as f64, x.scale(0));
