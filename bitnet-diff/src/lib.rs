@@ -1,6 +1,6 @@
 //! `bitnet-diff`: statistically sound comparison of `bitnet-bench` reports for CI gating.
 //!
-//! - [`compare`]: pairing by configuration and the per-metric decision;
+//! - [`compare`](mod@compare): pairing by configuration and the per-metric decision;
 //! - [`stats`]: the seeded bootstrap, Welch's test and the functions they need;
 //! - [`render`]: text, Markdown and JSON.
 

@@ -207,7 +207,7 @@ impl ActivationBatch {
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
-    /// q = Σ_p PLANE_WEIGHTS[p] × bit_p(q). Never inlined: part of the `quantize` stage.
+    /// q = Σ_p `PLANE_WEIGHTS[p]` × bit_p(q). Never inlined: part of the `quantize` stage.
     #[inline(never)]
     pub fn build_planes(&mut self) {
         let words = self.words;
