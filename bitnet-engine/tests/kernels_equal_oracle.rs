@@ -133,7 +133,13 @@ fn int8_rows_equal_plain_loops() {
         }
         let m = Int8Rows::quantize(n, k, &v).unwrap();
         for batch in [1usize, 2, 3, 5, 8, 9] {
-            let x = activations(batch, k, 100 + batch as u64);
+            let mut x = activations(batch, k, 100 + batch as u64);
+            if batch == 3 {
+                // Extreme activations: −128 (outside what the quantizer writes, but a valid i8
+                // that the AVX2 kernel's sign trick must not wrap) and 127, against ±127 weights.
+                let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, -128, -127, 0, 1][i % 6]).collect();
+                x.set_quantized(&q, &[0.5, 0.25, 1.0]).unwrap();
+            }
             for rows in [0..n, 3..4, 5..36] {
                 let want: Vec<f32> = rows
                     .clone()

@@ -548,6 +548,13 @@ pub fn int8_rows_matmul(
             return Ok(());
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= IsaLevel::Avx2 {
+        if let Some(t) = x86_avx2::Avx2::new() {
+            x86_avx2::int8_rows(t, m, x, rows, out);
+            return Ok(());
+        }
+    }
     let _ = isa;
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
