@@ -307,6 +307,23 @@ const GROUP: usize = 4;
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
+    if batch == 1 {
+        let mut r = rows.start;
+        while r < rows.end {
+            let o = &mut out[r - rows.start..];
+            match rows.end - r {
+                1 => i2_rows_one::<1>(w, r, x, o),
+                2 | 3 => i2_rows_one::<2>(w, r, x, o),
+                _ => i2_rows_one::<4>(w, r, x, o),
+            }
+            r += match rows.end - r {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+        }
+        return;
+    }
     for (i, r) in rows.enumerate() {
         let o = &mut out[i * batch..(i + 1) * batch];
         let mut b0 = 0;
@@ -320,6 +337,69 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
             b0 += GROUP.min(batch - b0);
         }
     }
+}
+
+/// One token × rows `r..r+R`: each half-block's four activation vectors are loaded once for
+/// the R rows, and the R row sums are reduced together ([`hsum4_i32`]): on short rows (K =
+/// 1536, six blocks) the per-row epilogue weighed as much as a third of the loop.
+#[inline(always)]
+unsafe fn i2_rows_one<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
+    let xs = x.token(0).as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); R];
+    for blk in 0..w.full_blocks() {
+        let off = blk * I2_BLOCK_BYTES;
+        for p in src {
+            prefetch_stream(p.add(off));
+        }
+        for half in 0..2 {
+            // Code byte j of this half ↔ activations 64n + 32·half + j for field n.
+            let xb = xs.add(blk * I2_BLOCK_WEIGHTS + 32 * half);
+            let xv: [__m256i; 4] = std::array::from_fn(|n| load(xb.add(64 * n) as *const u8));
+            for i in 0..R {
+                let c = split4(load(src[i].add(off + 32 * half)));
+                // |pair sums| ≤ 2·2·127 = 508, four of them ≤ 2032: exact in i16 (see `dot4`).
+                let mut s = _mm256_maddubs_epi16(c[0], xv[0]);
+                for n in 1..4 {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(c[n], xv[n]));
+                }
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s, ones));
+            }
+        }
+    }
+    let sums = hsum_rows(acc);
+    let (full, t) = (w.full_blocks(), w.tail_weights());
+    for i in 0..R {
+        let mut isum = sums[i];
+        if t > 0 {
+            isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(0)[full * I2_BLOCK_WEIGHTS..]);
+        }
+        out[i] = finish_tensor(isum - x.sum(0), w.scale(), x.scale(0));
+    }
+}
+
+/// Lane sums of R ≤ 4 accumulators: one `hsum4_i32` for four, `hsum_i32` each below that.
+#[inline(always)]
+unsafe fn hsum_rows<const R: usize>(acc: [__m256i; R]) -> [i32; R] {
+    if R == 4 {
+        let v = hsum4_i32([acc[0], acc[1], acc[2], acc[3]]);
+        let mut o = [0i32; R];
+        _mm_storeu_si128(o.as_mut_ptr() as *mut __m128i, v);
+        o
+    } else {
+        std::array::from_fn(|i| hsum_i32(acc[i]))
+    }
+}
+
+/// Lane sums of four vectors at once: `[Σa, Σb, Σc, Σd]`.
+#[inline(always)]
+unsafe fn hsum4_i32(v: [__m256i; 4]) -> __m128i {
+    // hadd pairs within each 128-bit lane; two rounds leave, per lane, the four partial sums.
+    let ab = _mm256_hadd_epi32(v[0], v[1]);
+    let cd = _mm256_hadd_epi32(v[2], v[3]);
+    let abcd = _mm256_hadd_epi32(ab, cd);
+    _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256::<1>(abcd))
 }
 
 #[inline(always)]
@@ -353,6 +433,29 @@ unsafe fn i2_group<const G: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
+    if batch == 1 {
+        // One token: up to four uniform rows per pass (as `i2_rows_one`).
+        let mut r = rows.start;
+        while r < rows.end {
+            let o = &mut out[r - rows.start..];
+            let uniform = |n: usize| r + n <= rows.end && (r..r + n).all(|i| w.row_has_uniform_scale(i));
+            let n = if uniform(4) {
+                tq2_rows_one::<4>(w, r, x, o);
+                4
+            } else if uniform(2) {
+                tq2_rows_one::<2>(w, r, x, o);
+                2
+            } else if uniform(1) {
+                tq2_rows_one::<1>(w, r, x, o);
+                1
+            } else {
+                tq2_row_block_scaled(w, r, x, 0, &mut o[..1]);
+                1
+            };
+            r += n;
+        }
+        return;
+    }
     for (i, r) in rows.enumerate() {
         let o = &mut out[i * batch..(i + 1) * batch];
         if w.row_has_uniform_scale(r) {
@@ -370,18 +473,59 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
             }
             continue;
         }
-        for (b, ob) in o.iter_mut().enumerate() {
-            let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
-            let mut acc = 0f64;
-            for (blk, block) in w.row(r).iter().enumerate() {
-                prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-                let xb = xp.add(blk * QK_K);
-                let [c0, c1] = tq2_split(block);
-                let s = _mm256_add_epi32(dot4(&c0, xb, [0, 32, 64, 96]), dot4(&c1, xb, [128, 160, 192, 224]));
-                acc += f16_to_f64(block.d) * (hsum_i32(s) - bs[blk]) as f64;
-            }
-            *ob = finish_blocks(acc, x.scale(b));
+        tq2_row_block_scaled(w, r, x, 0, o);
+    }
+}
+
+/// Row `r` of a TQ2_0 matrix whose blocks have different scales × tokens `b0..b0 + out.len()`:
+/// each block's integer sum scaled by its own scale, accumulated in f64.
+#[inline(always)]
+unsafe fn tq2_row_block_scaled(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
+    for (g, ob) in out.iter_mut().enumerate() {
+        let b = b0 + g;
+        let (xp, bs) = (x.token(b).as_ptr(), x.block_sums(b));
+        let mut acc = 0f64;
+        for (blk, block) in w.row(r).iter().enumerate() {
+            prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
+            let xb = xp.add(blk * QK_K);
+            let [c0, c1] = tq2_split(block);
+            let s = _mm256_add_epi32(dot4(&c0, xb, [0, 32, 64, 96]), dot4(&c1, xb, [128, 160, 192, 224]));
+            acc += f16_to_f64(block.d) * (hsum_i32(s) - bs[blk]) as f64;
         }
+        *ob = finish_blocks(acc, x.scale(b));
+    }
+}
+
+/// One token × uniform rows `r..r+R` of a TQ2_0 matrix: activation vectors loaded once per
+/// half-block for the R rows, one reduction for all of them (see [`i2_rows_one`]).
+#[inline(always)]
+unsafe fn tq2_rows_one<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
+    let rows: [&[BlockTq2_0]; R] = std::array::from_fn(|i| w.row(r + i));
+    let xs = x.token(0).as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); R];
+    for blk in 0..w.blocks_per_row() {
+        for row in rows {
+            prefetch_stream_span(&row[blk] as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
+        }
+        for half in 0..2 {
+            // Chunk `half` holds weights 128·half + 32n + m at shift 2n.
+            let xb = xs.add(blk * QK_K + 128 * half);
+            let xv: [__m256i; 4] = std::array::from_fn(|n| load(xb.add(32 * n) as *const u8));
+            for i in 0..R {
+                let c = split4(load(rows[i][blk].qs.as_ptr().add(32 * half)));
+                let mut s = _mm256_maddubs_epi16(c[0], xv[0]);
+                for n in 1..4 {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(c[n], xv[n]));
+                }
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s, ones));
+            }
+        }
+    }
+    let sums = hsum_rows(acc);
+    for i in 0..R {
+        let d = f16_to_f64(rows[i][0].d);
+        out[i] = finish_blocks(d * (sums[i] - x.sum(0)) as f64, x.scale(0));
     }
 }
 
