@@ -263,7 +263,14 @@ unsafe fn popcount(words: &[u64]) -> u32 {
 /// 75–86%; L2 at 32 KiB plus L1 at 2 KiB 88–90% (L1 alone, or NTA hints, were worse). Rows are
 /// contiguous, so the prefetches run on into the next rows; a prefetch never faults, even past
 /// the end of the buffer.
-pub(crate) const PREFETCH_L2_BYTES: usize = 32 * 1024;
+///
+/// Later, with the 4-row one-token kernels, the L2 distance was swept in the whole model
+/// (distances alternating decode step by step in one process): the large preset with 2 threads
+/// decoded 2–13% faster at 12–16 KiB than at 32 KiB (9 or 10 rounds of 10 each time, four
+/// runs), 64 KiB was 10% slower; 2B4T (I2, TQ2, TQ1; 1 and 2 threads), large with 1 thread and
+/// batch 8 moved by less than ±3% either way. Stopping the prefetches at the end of a thread's
+/// rows did not help, so the gain is the distance, not less overshoot.
+pub(crate) const PREFETCH_L2_BYTES: usize = 16 * 1024;
 pub(crate) const PREFETCH_L1_BYTES: usize = 2 * 1024;
 
 /// Asks for every cache line of `bytes` bytes from `p` in L2: for reads a little later that
