@@ -18,6 +18,24 @@
 //!   factor of about 2^20 of one another, which holds for every quantizer output (d = block
 //!   absmax). SIMD paths rely on this to sum in vector lanes.
 
+/// Safe entry points `$name(token, args…)` that compile a portable Rust function (plain loops,
+/// no intrinsics) with an ISA's target features enabled: the same IEEE operations in the same
+/// order (Rust never fuses a multiply and an add on its own), so the same results as the
+/// baseline build, with the compiler free to use wider vectors. The token proves the features.
+#[cfg(target_arch = "x86_64")]
+macro_rules! compiled_for {
+    ($token:ty, $features:literal; $($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $portable:path;)*) => {$(
+        pub(crate) fn $name(_t: $token, $($arg: $ty),*) $(-> $ret)? {
+            #[target_feature(enable = $features)]
+            unsafe fn compiled($($arg: $ty),*) $(-> $ret)? {
+                $portable($($arg),*)
+            }
+            // SAFETY: the token proves the CPU has these features; the body is safe Rust.
+            unsafe { compiled($($arg),*) }
+        }
+    )*};
+}
+
 mod portable;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -615,35 +633,39 @@ fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut 
     }
 }
 
-/// Calls `x86_avx512::$fast` where the CPU has AVX-512, else `$portable`, with the same
-/// arguments (the functions `compiled_for_avx512!` recompiles).
+/// Calls `x86_avx512::$fast` where the CPU has AVX-512, else `x86_avx2::$fast` where it has
+/// AVX2, else `$portable`, with the same arguments (the functions `compiled_for!` recompiles).
 macro_rules! widest_compiled {
     ($fast:ident, $portable:path, $($arg:expr),*) => {{
         #[cfg(target_arch = "x86_64")]
         if let Some(t) = x86_avx512::Avx512::new() {
             return x86_avx512::$fast(t, $($arg),*);
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = x86_avx2::Avx2::new() {
+            return x86_avx2::$fast(t, $($arg),*);
+        }
         $portable($($arg),*)
     }};
 }
 
-/// The gated FFN activation (`ops::gated_activation_portable`) compiled for AVX-512 where the
-/// CPU has it: the same Rust code, so the same IEEE operations in the same order (Rust never
-/// fuses a multiply and an add on its own), 16 lanes wide instead of the baseline's 4. SiLU
-/// took 2.3 ns per element at baseline x86-64.
+/// The gated FFN activation (`ops::gated_activation_portable`) compiled for the widest ISA the
+/// CPU has (AVX-512, else AVX2): the same Rust code, so the same IEEE operations in the same
+/// order, 16 or 8 lanes wide instead of the baseline's 4. SiLU took 2.3 ns per element at
+/// baseline x86-64.
 pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
     widest_compiled!(gated_activation, crate::model::ops::gated_activation_portable, act, gate, up)
 }
 
-/// Per-token int8 quantization (`activations::quantize_token_portable`) compiled for AVX-512
-/// where the CPU has it, bit-identical as [`gated_activation`] is. At baseline x86-64 the
+/// Per-token int8 quantization (`activations::quantize_token_portable`) compiled for the widest
+/// ISA the CPU has, bit-identical as [`gated_activation`] is. At baseline x86-64 the
 /// float → byte narrowing has no single instruction: about 0.7 ns per element.
 pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
 
-/// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for AVX-512 where the CPU has
-/// it, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
+/// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for the widest ISA the CPU
+/// has, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
 /// took about 1 ns per element, on the caller thread while the others wait.
 pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     widest_compiled!(rms_norm_rows, crate::model::ops::rms_norm_rows_portable, x, weight, eps, out)
@@ -738,6 +760,13 @@ mod tests {
             for (i, (a, b)) in fast.iter().zip(&plain).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "{act:?} element {i} (gate {}): {a} vs {b}", gate[i]);
             }
+            // The AVX2 tier too (what CPUs without AVX-512 run).
+            #[cfg(target_arch = "x86_64")]
+            if let Some(t) = super::x86_avx2::Avx2::new() {
+                let mut avx2 = gate.clone();
+                super::x86_avx2::gated_activation(t, act, &mut avx2, &up);
+                assert!(avx2.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()), "{act:?} AVX2");
+            }
             // And it is the activation: SiLU(g) × up = g / (1 + e^-g) × up.
             if act == FfnActivation::Silu {
                 let i = 3;
@@ -762,6 +791,12 @@ mod tests {
             let (sf, sp) =
                 (super::quantize_token(&x, &mut fast), crate::activations::quantize_token_portable(&x, &mut plain));
             assert_eq!((sf.to_bits(), &fast), (sp.to_bits(), &plain), "n {n}");
+            #[cfg(target_arch = "x86_64")]
+            if let Some(t) = super::x86_avx2::Avx2::new() {
+                let mut avx2 = vec![9i8; n];
+                let sa = super::x86_avx2::quantize_token(t, &x, &mut avx2);
+                assert_eq!((sa.to_bits(), &avx2), (sp.to_bits(), &plain), "AVX2, n {n}");
+            }
             assert_eq!(fast[0], 127);
             if n > 4 {
                 assert_eq!(&fast[1..4], &[2, -4, 0], "ties to even, NaN to 0");
@@ -794,6 +829,13 @@ mod tests {
             crate::model::ops::rms_norm_in_place_portable(&mut plain_ip, &w, 1e-5);
             assert_eq!(bits(&fast_ip), bits(&plain_ip), "in place, n {n}");
             assert_eq!(bits(&fast_ip), bits(&fast), "in place = into out, n {n}");
+            #[cfg(target_arch = "x86_64")]
+            if let Some(t) = super::x86_avx2::Avx2::new() {
+                let (mut rows_avx2, mut ip_avx2) = (vec![0f32; rows * n], x.clone());
+                super::x86_avx2::rms_norm_rows(t, &x, &w, 1e-5, &mut rows_avx2);
+                super::x86_avx2::rms_norm_in_place(t, &mut ip_avx2, &w, 1e-5);
+                assert_eq!((bits(&rows_avx2), bits(&ip_avx2)), (bits(&plain), bits(&plain_ip)), "AVX2, n {n}");
+            }
             // And it is RMSNorm: x / sqrt(mean(x²) + eps) × w, checked in f64 on the first row.
             let ms: f64 = x[..n].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64;
             let want = x[3] as f64 / (ms + 1e-5).sqrt() * w[3] as f64;

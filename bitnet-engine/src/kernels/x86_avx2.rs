@@ -832,6 +832,16 @@ unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>,
     }
 }
 
+// The portable helpers at 8 lanes for CPUs without AVX-512 (see `widest_compiled!`).
+compiled_for! {
+    Avx2, "avx2,fma,f16c";
+    gated_activation(act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) =
+        crate::model::ops::gated_activation_portable;
+    quantize_token(src: &[f32], dst: &mut [i8]) -> f32 = crate::activations::quantize_token_portable;
+    rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) = crate::model::ops::rms_norm_rows_portable;
+    rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) = crate::model::ops::rms_norm_in_place_portable;
+}
+
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 256-bit accumulators.
 pub(crate) fn sum_words(_t: Avx2, words: &[u64]) -> u64 {
     // SAFETY: the token proves AVX2 support; every load is inside `words` (i + 4j + 4 ≤ body).

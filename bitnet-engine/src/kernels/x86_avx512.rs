@@ -968,23 +968,9 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const PREFET
     }
 }
 
-/// Safe entry points that compile a portable Rust function (plain loops, no intrinsics) with
-/// AVX-512 enabled: the same IEEE operations in the same order, so the same results, with the
-/// compiler free to use 16 lanes and the byte-narrowing instructions.
-macro_rules! compiled_for_avx512 {
-    ($($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $portable:path;)*) => {$(
-        pub(crate) fn $name(_t: Avx512, $($arg: $ty),*) $(-> $ret)? {
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-            unsafe fn compiled($($arg: $ty),*) $(-> $ret)? {
-                $portable($($arg),*)
-            }
-            // SAFETY: the token proves AVX-512 F/BW/VL/DQ support; the body is safe Rust.
-            unsafe { compiled($($arg),*) }
-        }
-    )*};
-}
-
-compiled_for_avx512! {
+// The portable helpers at 16 lanes, with the byte-narrowing instructions (see `widest_compiled!`).
+compiled_for! {
+    Avx512, "avx512f,avx512bw,avx512vl,avx512dq";
     gated_activation(act: crate::model::FfnActivation, gate: &mut [f32], up: &[f32]) =
         crate::model::ops::gated_activation_portable;
     quantize_token(src: &[f32], dst: &mut [i8]) -> f32 = crate::activations::quantize_token_portable;
