@@ -596,22 +596,29 @@ pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, ou
     if let Some(t) = x86_avx512::Avx512::new() {
         return K::scores_avx512(t, q, keys, scale, out, ahead);
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return K::scores_avx2(t, q, keys, scale, out, ahead);
+    }
     let _ = ahead;
     attention_scores_portable(q, keys, scale, out)
 }
 
+/// The portable scores: each key row converted to f32 as a whole (f16 with the slice
+/// conversion, vectorized where the CPU has F16C; one value at a time, this loop had run 30×
+/// slower than the AVX-512 kernel), then `dot16`.
 fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
     let hd = q.len();
-    let mut row = [0f32; 512];
+    let mut row = [0f32; MAX_HEAD_DIM];
     for (p, o) in out.iter_mut().enumerate() {
-        let k = &keys[p * hd..(p + 1) * hd];
         let kf = &mut row[..hd];
-        for (d, v) in kf.iter_mut().zip(k) {
-            *d = v.to_f32();
-        }
+        K::row_to_f32(&keys[p * hd..(p + 1) * hd], kf);
         *o = crate::model::ops::dot16(q, kf) * scale;
     }
 }
+
+/// The largest head size the portable attention's stack row holds.
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 
 /// `o[d] += w[p] × v_p[d]` for every position p in order (multiply, then add): the attention
 /// output, identical at every ISA level. `ahead` as in [`attention_scores`].
@@ -620,15 +627,24 @@ pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mu
     if let Some(t) = x86_avx512::Avx512::new() {
         return K::axpy_avx512(t, w, values, o, ahead);
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return K::axpy_avx2(t, w, values, o, ahead);
+    }
     let _ = ahead;
     attention_weighted_sum_portable(w, values, o)
 }
 
+/// The portable weighted sum, each value row converted as a whole first (see
+/// [`attention_scores_portable`]); the same multiply, then add, per element.
 fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32]) {
     let hd = o.len();
+    let mut row = [0f32; MAX_HEAD_DIM];
     for (p, wp) in w.iter().enumerate() {
-        for (a, v) in o.iter_mut().zip(&values[p * hd..(p + 1) * hd]) {
-            *a += wp * v.to_f32();
+        let vf = &mut row[..hd];
+        K::row_to_f32(&values[p * hd..(p + 1) * hd], vf);
+        for (a, v) in o.iter_mut().zip(vf.iter()) {
+            *a += wp * v;
         }
     }
 }
@@ -687,16 +703,22 @@ pub(crate) fn prefetch_l2<T>(data: &[T]) {
 
 /// Element types of cached keys and values that attention reads in place.
 pub(crate) trait KeyElem: Copy {
-    fn to_f32(self) -> f32;
+    /// `dst[i] = src[i]` as f32, exactly (`dst.len() == src.len()`).
+    fn row_to_f32(src: &[Self], dst: &mut [f32]);
     #[cfg(target_arch = "x86_64")]
     fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
 }
 
 impl KeyElem for f32 {
-    fn to_f32(self) -> f32 {
-        self
+    #[inline(always)]
+    fn row_to_f32(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
     }
     #[cfg(target_arch = "x86_64")]
     fn scores_avx512(t: x86_avx512::Avx512, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
@@ -706,11 +728,20 @@ impl KeyElem for f32 {
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
         x86_avx512::attention_axpy_f32(t, w, values, o, ahead)
     }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
+        x86_avx2::attention_scores_f32(t, q, keys, scale, out, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
+        x86_avx2::attention_axpy_f32(t, w, values, o, ahead)
+    }
 }
 
 impl KeyElem for half::f16 {
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
+    #[inline(always)]
+    fn row_to_f32(src: &[half::f16], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
     }
     #[cfg(target_arch = "x86_64")]
     fn scores_avx512(
@@ -726,6 +757,14 @@ impl KeyElem for half::f16 {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
         x86_avx512::attention_axpy_f16(t, w, values, o, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32], ahead: &[half::f16]) {
+        x86_avx2::attention_scores_f16(t, q, keys, scale, out, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
+        x86_avx2::attention_axpy_f16(t, w, values, o, ahead)
     }
 }
 
@@ -883,6 +922,33 @@ mod tests {
                     ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     "f32 sum hd {hd} n {n}"
                 );
+                // The AVX2 entry points (what CPUs without AVX-512 run) against the same loops,
+                // and the portable loops against one value at a time (exact conversions).
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let one_at_a_time: Vec<f32> = (0..n)
+                    .map(|p| {
+                        let k: Vec<f32> = k16[p * hd..(p + 1) * hd].iter().map(|v| v.to_f32()).collect();
+                        crate::model::ops::dot16(&q, &k) * 0.125
+                    })
+                    .collect();
+                super::attention_scores_portable(&q, &k16, 0.125, &mut b);
+                assert_eq!(bits(&b), bits(&one_at_a_time), "f16 row conversion, hd {hd} n {n}");
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = super::x86_avx2::Avx2::new() {
+                    super::x86_avx2::attention_scores_f32(t, &q, &k32, 0.125, &mut a, &k32[..9]);
+                    super::attention_scores_portable(&q, &k32, 0.125, &mut b);
+                    assert_eq!(bits(&a), bits(&b), "AVX2 f32 scores hd {hd} n {n}");
+                    super::x86_avx2::attention_scores_f16(t, &q, &k16, 0.125, &mut a, &k16[..3]);
+                    assert_eq!(bits(&a), bits(&one_at_a_time), "AVX2 f16 scores hd {hd} n {n}");
+                    let (mut oa, mut ob) = (q.clone(), q.clone());
+                    super::x86_avx2::attention_axpy_f16(t, &w, &k16, &mut oa, &[]);
+                    super::attention_weighted_sum_portable(&w, &k16, &mut ob);
+                    assert_eq!(bits(&oa), bits(&ob), "AVX2 f16 sum hd {hd} n {n}");
+                    let (mut oa, mut ob) = (q.clone(), q.clone());
+                    super::x86_avx2::attention_axpy_f32(t, &w, &k32, &mut oa, &k32[..5]);
+                    super::attention_weighted_sum_portable(&w, &k32, &mut ob);
+                    assert_eq!(bits(&oa), bits(&ob), "AVX2 f32 sum hd {hd} n {n}");
+                }
             }
         }
     }

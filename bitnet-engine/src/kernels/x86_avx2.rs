@@ -832,6 +832,142 @@ unsafe fn xnor_fused(w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>,
     }
 }
 
+/// Eight key or value elements as f32 from `p` (f32, or f16 through F16C).
+trait Lanes8: Copy {
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Lanes8 for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+}
+
+impl Lanes8 for half::f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+/// Share `i` of `n` of `ahead`'s cache lines asked for in L2: the next head's rows, spread over
+/// this head's keys so that a long context does not issue them in one burst (the AVX-512
+/// kernels do the same).
+#[inline(always)]
+fn prefetch_ahead_share<T>(ahead: &[T], i: usize, n: usize) {
+    let per = ahead.len().div_ceil(n.max(1));
+    let from = (i * per).min(ahead.len());
+    super::prefetch_l2(&ahead[from..(from + per).min(ahead.len())]);
+}
+
+macro_rules! attention_avx2_entry {
+    ($($scores:ident, $axpy:ident: $t:ty;)*) => {$(
+        /// Attention scores without AVX-512: [`scores_impl`] for this element type.
+        pub(crate) fn $scores(_t: Avx2, q: &[f32], keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
+            // SAFETY: the token proves AVX2 and F16C; `keys` holds `out.len()` rows of `q.len()`
+            // (checked inside), and every load is inside a row.
+            unsafe { scores_impl(q, keys, scale, out, ahead) }
+        }
+        /// The attention's weighted sum without AVX-512: [`axpy_impl`] for this element type.
+        pub(crate) fn $axpy(_t: Avx2, w: &[f32], values: &[$t], o: &mut [f32], ahead: &[$t]) {
+            // SAFETY: as for the scores; `values` holds `w.len()` rows of `o.len()`.
+            unsafe { axpy_impl(w, values, o, ahead) }
+        }
+    )*};
+}
+
+attention_avx2_entry! {
+    attention_scores_f32, attention_axpy_f32: f32;
+    attention_scores_f16, attention_axpy_f16: half::f16;
+}
+
+/// `out[p] = dot16(q, k_p) × scale`, bit-identical to the portable `dot16`: its 16 lanes are
+/// two registers (lanes 0–7 and 8–15), each chunk's products are added in order (multiply, then
+/// add), and [`reduce16`] is its reduction tree. Head sizes that are not a multiple of 16 take
+/// the portable loop.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+    let hd = q.len();
+    assert!(keys.len() >= out.len() * hd, "attention: fewer keys than scores");
+    if !hd.is_multiple_of(16) {
+        return super::attention_scores_portable(q, keys, scale, out);
+    }
+    let rows = out.len();
+    for (p, o) in out.iter_mut().enumerate() {
+        prefetch_ahead_share(ahead, p, rows);
+        let k = keys.as_ptr().add(p * hd);
+        let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in (0..hd).step_by(16) {
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q.as_ptr().add(i)), K::load8(k.add(i))));
+            b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), K::load8(k.add(i + 8))));
+        }
+        *o = reduce16(a, b) * scale;
+    }
+}
+
+/// The fixed tree of `ops::reduce_lanes` over lanes `a` = 0–7, `b` = 8–15: l + l+8, l + l+4,
+/// l + l+2, l + l+1.
+#[inline(always)]
+unsafe fn reduce16(a: __m256, b: __m256) -> f32 {
+    let t = _mm256_add_ps(a, b);
+    let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+    let c = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c)))
+}
+
+/// `o[d] += w[p] × v_p[d]` for every p in order (multiply, then add), as the portable loop,
+/// with up to 64 outputs held in registers while the positions stream past. Head sizes that are
+/// not a multiple of 8 take the portable loop.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_impl<K: Lanes8 + super::KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+    let hd = o.len();
+    assert!(values.len() >= w.len() * hd, "attention: fewer values than weights");
+    if !hd.is_multiple_of(8) {
+        return super::attention_weighted_sum_portable(w, values, o);
+    }
+    for d0 in (0..hd).step_by(64) {
+        match (hd - d0).min(64) / 8 {
+            1 => axpy_block::<K, 1>(w, values, hd, d0, o, d0 == 0, ahead),
+            2 => axpy_block::<K, 2>(w, values, hd, d0, o, d0 == 0, ahead),
+            3 => axpy_block::<K, 3>(w, values, hd, d0, o, d0 == 0, ahead),
+            4 => axpy_block::<K, 4>(w, values, hd, d0, o, d0 == 0, ahead),
+            5 => axpy_block::<K, 5>(w, values, hd, d0, o, d0 == 0, ahead),
+            6 => axpy_block::<K, 6>(w, values, hd, d0, o, d0 == 0, ahead),
+            7 => axpy_block::<K, 7>(w, values, hd, d0, o, d0 == 0, ahead),
+            _ => axpy_block::<K, 8>(w, values, hd, d0, o, d0 == 0, ahead),
+        }
+    }
+}
+
+/// Outputs `d0..d0 + 8C` of [`axpy_impl`]; the first block also asks for `ahead`.
+#[inline(always)]
+unsafe fn axpy_block<K: Lanes8, const C: usize>(
+    w: &[f32],
+    values: &[K],
+    hd: usize,
+    d0: usize,
+    o: &mut [f32],
+    first: bool,
+    ahead: &[K],
+) {
+    let out = o.as_mut_ptr().add(d0);
+    let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
+    for (p, wp) in w.iter().enumerate() {
+        if first {
+            prefetch_ahead_share(ahead, p, w.len());
+        }
+        let wv = _mm256_set1_ps(*wp);
+        let v = values.as_ptr().add(p * hd + d0);
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(wv, K::load8(v.add(8 * c))));
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * c), *a);
+    }
+}
+
 // The portable helpers at 8 lanes for CPUs without AVX-512 (see `widest_compiled!`).
 compiled_for! {
     Avx2, "avx2,fma,f16c";
