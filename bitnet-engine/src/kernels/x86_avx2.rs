@@ -285,6 +285,24 @@ pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
     }
 }
 
+/// Asks for share `step` of `steps` of the cache lines of `ahead` (in L2): spread over a loop,
+/// the next step's rows stream in under this step's arithmetic, where asking for them all at
+/// once stalls on the full miss queue (large decode, one thread: keys and values read at 14–17
+/// GB/s in the model).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_share<T>(ahead: &[T], step: usize, steps: usize) {
+    let bytes = std::mem::size_of_val(ahead);
+    if bytes == 0 {
+        return;
+    }
+    let at = ahead.as_ptr() as usize;
+    let start = at & !63;
+    let lines = (at + bytes - start).div_ceil(64);
+    for l in lines * step / steps..lines * (step + 1) / steps {
+        _mm_prefetch::<_MM_HINT_T1>((start + 64 * l) as *const i8);
+    }
+}
+
 /// [`prefetch_stream`] for a block of `len` ≤ 64 bytes that may straddle two cache lines
 /// (TQ2_0's 66-byte blocks, TQ1_0's 54): prefetching by block start alone skips one line in
 /// every 33 for 66-byte blocks, and each skipped line is a full DRAM miss in the stream.
@@ -318,15 +336,19 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
         let mut r = rows.start;
         while r < rows.end {
             let o = &mut out[r - rows.start..];
-            match rows.end - r {
-                1 => i2_rows_one::<1>(w, r, x, o),
-                2 | 3 => i2_rows_one::<2>(w, r, x, o),
-                _ => i2_rows_one::<4>(w, r, x, o),
-            }
             r += match rows.end - r {
-                1 => 1,
-                2 | 3 => 2,
-                _ => 4,
+                1 => {
+                    i2_rows_one::<1>(w, r, x, o);
+                    1
+                }
+                2 | 3 => {
+                    i2_rows_one::<2>(w, r, x, o);
+                    2
+                }
+                _ => {
+                    i2_rows_one::<4>(w, r, x, o);
+                    4
+                }
             };
         }
         return;
@@ -851,16 +873,6 @@ impl Lanes8 for half::f16 {
     }
 }
 
-/// Share `i` of `n` of `ahead`'s cache lines asked for in L2: the next head's rows, spread over
-/// this head's keys so that a long context does not issue them in one burst (the AVX-512
-/// kernels do the same).
-#[inline(always)]
-fn prefetch_ahead_share<T>(ahead: &[T], i: usize, n: usize) {
-    let per = ahead.len().div_ceil(n.max(1));
-    let from = (i * per).min(ahead.len());
-    super::prefetch_l2(&ahead[from..(from + per).min(ahead.len())]);
-}
-
 macro_rules! attention_avx2_entry {
     ($($scores:ident, $axpy:ident: $t:ty;)*) => {$(
         /// Attention scores without AVX-512: [`scores_impl`] for this element type.
@@ -895,7 +907,7 @@ unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: 
     }
     let rows = out.len();
     for (p, o) in out.iter_mut().enumerate() {
-        prefetch_ahead_share(ahead, p, rows);
+        prefetch_share(ahead, p, rows);
         let k = keys.as_ptr().add(p * hd);
         let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for i in (0..hd).step_by(16) {
@@ -955,7 +967,7 @@ unsafe fn axpy_block<K: Lanes8, const C: usize>(
     let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
     for (p, wp) in w.iter().enumerate() {
         if first {
-            prefetch_ahead_share(ahead, p, w.len());
+            prefetch_share(ahead, p, w.len());
         }
         let wv = _mm256_set1_ps(*wp);
         let v = values.as_ptr().add(p * hd + d0);
@@ -1017,38 +1029,22 @@ pub(crate) fn int8_rows(
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-    let batch = x.batch();
-    debug_assert_eq!(m.stride(), x.padded_cols());
-    if batch == 1 {
-        // One row at a time without software prefetch: the rows form one sequential stream,
-        // which the hardware prefetcher follows (as in the AVX-512 kernel).
-        for (i, r) in rows.enumerate() {
-            int8_tile::<1, 1, false>(m, r, x, 0, &mut out[i..]);
-        }
-        return;
-    }
-    // Two rows per pass share each activation load; a block of codes is turned into (w, |x|)
-    // products once per token.
-    let mut r = rows.start;
-    while r < rows.end {
-        let two = r + 2 <= rows.end;
-        let o = &mut out[(r - rows.start) * batch..];
-        let mut b0 = 0;
-        while b0 < batch {
-            let g = 4.min(batch - b0);
-            match (two, g) {
-                (true, 1) => int8_tile::<2, 1, true>(m, r, x, b0, o),
-                (true, 2) => int8_tile::<2, 2, true>(m, r, x, b0, o),
-                (true, 3) => int8_tile::<2, 3, true>(m, r, x, b0, o),
-                (true, _) => int8_tile::<2, 4, true>(m, r, x, b0, o),
-                (false, 1) => int8_tile::<1, 1, true>(m, r, x, b0, o),
-                (false, 2) => int8_tile::<1, 2, true>(m, r, x, b0, o),
-                (false, 3) => int8_tile::<1, 3, true>(m, r, x, b0, o),
-                (false, _) => int8_tile::<1, 4, true>(m, r, x, b0, o),
-            }
-            b0 += g;
-        }
-        r += if two { 2 } else { 1 };
+    super::int8_rows_tiled::<Int8Avx2>(m, x, rows, out)
+}
+
+/// [`int8_tile`] as the shared driver's tile.
+struct Int8Avx2;
+
+impl super::Int8Tile for Int8Avx2 {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const G: usize, const PREFETCH: bool>(
+        m: &crate::formats::Int8Rows,
+        r: usize,
+        x: &ActivationBatch,
+        b0: usize,
+        out: &mut [f32],
+    ) {
+        int8_tile::<R, G, PREFETCH>(m, r, x, b0, out)
     }
 }
 

@@ -12,8 +12,8 @@ use super::portable::{
     i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_stream, prefetch_stream_span,
-    times3_asm, tq1_rows_with,
+    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_share, prefetch_stream,
+    prefetch_stream_span, times3_asm, tq1_rows_with,
 };
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -893,41 +893,30 @@ pub(crate) fn int8_rows(
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn int8_rows_impl(m: &crate::formats::Int8Rows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-    let batch = x.batch();
-    debug_assert_eq!(m.stride(), x.padded_cols());
-    if batch == 1 {
-        // One token: one row at a time, so the rows (stored back to back) are read as a single
-        // sequential stream, which the hardware prefetcher follows at the probe's rate. Two rows
-        // per pass with software prefetch (the batched tiles below) streamed the 2B4T LM head at
-        // 20–25 GB/s on one thread, one row without prefetch at 20–31 (mean 22.4 → 25.6 over
-        // 16 alternating rounds). Compute is no limit here: one vpdpbusd per 64 bytes.
-        for (i, r) in rows.enumerate() {
-            int8_tile::<1, 1, 4, false>(m, r, x, 0, &mut out[i..]);
+    super::int8_rows_tiled::<Int8Avx512>(m, x, rows, out)
+}
+
+/// [`int8_tile`] as the shared driver's tile, with the accumulators per row and token that hide
+/// vpdpbusd's latency: four for one row and one token, two where the tile has one row or one
+/// token, else one.
+struct Int8Avx512;
+
+impl super::Int8Tile for Int8Avx512 {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const G: usize, const PREFETCH: bool>(
+        m: &crate::formats::Int8Rows,
+        r: usize,
+        x: &ActivationBatch,
+        b0: usize,
+        out: &mut [f32],
+    ) {
+        if R == 1 && G == 1 {
+            int8_tile::<R, G, 4, PREFETCH>(m, r, x, b0, out)
+        } else if R == 1 || G == 1 {
+            int8_tile::<R, G, 2, PREFETCH>(m, r, x, b0, out)
+        } else {
+            int8_tile::<R, G, 1, PREFETCH>(m, r, x, b0, out)
         }
-        return;
-    }
-    // Register tiles as in the I2 kernel: two rows per pass share every activation load; one
-    // token gets two accumulators per row to hide vpdpbusd latency.
-    let mut r = rows.start;
-    while r < rows.end {
-        let two = r + 2 <= rows.end;
-        let o = &mut out[(r - rows.start) * batch..];
-        let mut b0 = 0;
-        while b0 < batch {
-            let g = 4.min(batch - b0);
-            match (two, g) {
-                (true, 1) => int8_tile::<2, 1, 2, true>(m, r, x, b0, o),
-                (true, 2) => int8_tile::<2, 2, 1, true>(m, r, x, b0, o),
-                (true, 3) => int8_tile::<2, 3, 1, true>(m, r, x, b0, o),
-                (true, _) => int8_tile::<2, 4, 1, true>(m, r, x, b0, o),
-                (false, 1) => int8_tile::<1, 1, 4, true>(m, r, x, b0, o),
-                (false, 2) => int8_tile::<1, 2, 2, true>(m, r, x, b0, o),
-                (false, 3) => int8_tile::<1, 3, 2, true>(m, r, x, b0, o),
-                (false, _) => int8_tile::<1, 4, 2, true>(m, r, x, b0, o),
-            }
-            b0 += g;
-        }
-        r += if two { 2 } else { 1 };
     }
 }
 
@@ -1051,24 +1040,6 @@ unsafe fn prefetch_kv_rows(base: *const u8, row_bytes: usize, from: usize, to: u
     let to = to.min(rows);
     if from < to {
         prefetch_l2(base.add(from * row_bytes), (to - from) * row_bytes);
-    }
-}
-
-/// Asks for share `step` of `steps` of the cache lines of `ahead` (in L2): spread over a loop,
-/// the next step's rows stream in under this step's arithmetic, where asking for them all at
-/// once stalls on the full miss queue (large decode, one thread: keys and values read at 14–17
-/// GB/s in the model).
-#[inline(always)]
-unsafe fn prefetch_share<T>(ahead: &[T], step: usize, steps: usize) {
-    let bytes = std::mem::size_of_val(ahead);
-    if bytes == 0 {
-        return;
-    }
-    let at = ahead.as_ptr() as usize;
-    let start = at & !63;
-    let lines = (at + bytes - start).div_ceil(64);
-    for l in lines * step / steps..lines * (step + 1) / steps {
-        _mm_prefetch::<_MM_HINT_T1>((start + 64 * l) as *const i8);
     }
 }
 

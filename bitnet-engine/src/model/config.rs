@@ -128,8 +128,12 @@ impl ModelConfig {
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!("heads ({}) must be a multiple of kv_heads ({})", self.heads, self.kv_heads));
         }
-        if self.head_dim() > 512 {
-            return bad(format!("head dimension ({}) is above the supported 512", self.head_dim()));
+        if self.head_dim() > crate::kernels::MAX_HEAD_DIM {
+            return bad(format!(
+                "head dimension ({}) is above the supported {}",
+                self.head_dim(),
+                crate::kernels::MAX_HEAD_DIM
+            ));
         }
         if !self.head_dim().is_multiple_of(2) {
             return bad(format!("head dimension ({}) must be even for RoPE", self.head_dim()));
