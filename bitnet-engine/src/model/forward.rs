@@ -444,13 +444,18 @@ impl State {
             let dst = if direct { &mut self.logits[base..base + vocab] } else { &mut self.mm[..vocab * n] };
             let t_split = rec.start();
             rec.begin_split(t_split);
-            self.pool.split(dst, n, 16, &mut self.workers, |first, chunk, wk| {
-                let r = first..first + chunk.len() / n;
-                let bytes = head_bytes * r.len() as u64 / vocab as u64;
+            self.pool.split_blocks(dst, n, BLOCK_ROWS, &mut self.workers, |blocks, wk| {
                 let t0 = wk.rec.start();
-                wk.rec.chunk_start = t0;
-                int8_rows_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
-                wk.rec.chunk_end = wk.rec.end(out_ctx, Stage::LmHead, t0, bytes);
+                let mut bytes = None;
+                while let Some((first, chunk)) = blocks.next_block() {
+                    let r = first..first + chunk.len() / n;
+                    *bytes.get_or_insert(0) += head_bytes * r.len() as u64 / vocab as u64;
+                    int8_rows_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
+                }
+                if let Some(bytes) = bytes {
+                    wk.rec.chunk_start = t0;
+                    wk.rec.chunk_end = wk.rec.end(out_ctx, Stage::LmHead, t0, bytes);
+                }
             });
             let rec = &mut self.workers[0].rec;
             if on {
@@ -539,14 +544,17 @@ fn linear(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let w_bytes = w.byte_len() as u64;
-    pool.split(dst, rows, 16, workers, |first, chunk, wk| {
-        let r = first..first + chunk.len() / rows;
-        let bytes = w_bytes * r.len() as u64 / n as u64;
+    pool.split_blocks(dst, rows, BLOCK_ROWS, workers, |blocks, wk| {
         let t0 = wk.rec.start();
-        wk.rec.chunk_start = t0;
-        kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
-        scale_in_place(chunk, out_scale);
-        if wk.rec.on() {
+        let mut bytes = None;
+        while let Some((first, chunk)) = blocks.next_block() {
+            let r = first..first + chunk.len() / rows;
+            *bytes.get_or_insert(0) += w_bytes * r.len() as u64 / n as u64;
+            kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
+            scale_in_place(chunk, out_scale);
+        }
+        if let (Some(bytes), true) = (bytes, wk.rec.on()) {
+            wk.rec.chunk_start = t0;
             wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t0, bytes);
         }
     });
@@ -591,27 +599,37 @@ fn linear_multi<const P: usize>(
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
-    pool.split(&mut mm[..total * rows], rows, 16, workers, |first, chunk, wk| {
-        let end = first + chunk.len() / rows;
-        let mut t = wk.rec.start();
-        wk.rec.chunk_start = t;
-        for i in 0..P {
-            let (lo, hi) = (offs[i].max(first), (offs[i] + ns[i]).min(end));
-            if lo >= hi {
-                continue;
-            }
-            let (w, out_scale, ctx) = parts[i];
-            let out = &mut chunk[(lo - first) * rows..(hi - first) * rows];
-            kernels[i]
-                .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
-                .expect("arguments checked before the split");
-            scale_in_place(out, out_scale);
-            if wk.rec.on() {
+    pool.split_blocks(&mut mm[..total * rows], rows, BLOCK_ROWS, workers, |blocks, wk| {
+        let t0 = wk.rec.start();
+        let mut t = t0;
+        // The part being timed and its bytes so far: consecutive blocks of one part make one
+        // span (a thread's blocks are consecutive rows, except those it takes from others).
+        let mut open: Option<(usize, u64)> = None;
+        while let Some((first, chunk)) = blocks.next_block() {
+            let end = first + chunk.len() / rows;
+            for i in 0..P {
+                let (lo, hi) = (offs[i].max(first), (offs[i] + ns[i]).min(end));
+                if lo >= hi {
+                    continue;
+                }
+                if let Some((p, bytes)) = open.filter(|o| o.0 != i) {
+                    t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+                    open = None;
+                }
+                let (w, out_scale, _) = parts[i];
+                let out = &mut chunk[(lo - first) * rows..(hi - first) * rows];
+                kernels[i]
+                    .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
+                    .expect("arguments checked before the split");
+                scale_in_place(out, out_scale);
                 let bytes = w.byte_len() as u64 * (hi - lo) as u64 / ns[i] as u64;
-                t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[i], ctx, t, bytes);
+                open = Some((i, open.map_or(0, |o| o.1) + bytes));
             }
         }
-        wk.rec.chunk_end = t;
+        if let (Some((p, bytes)), true) = (open, wk.rec.on()) {
+            wk.rec.chunk_start = t0;
+            wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+        }
     });
     let rec = &mut workers[0].rec;
     if on {
@@ -654,22 +672,29 @@ fn linear_gated(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let (gate_bytes, up_bytes) = (gate.0.byte_len() as u64, up.0.byte_len() as u64);
-    pool.split_pair(mg, mu, rows, 16, workers, |first, cg, cu, wk| {
-        let r = first..first + cg.len() / rows;
-        let mut t = wk.rec.start();
-        wk.rec.chunk_start = t;
-        kg.matmul(gate.0, act, r.clone(), cg, &mut wk.kernel).expect("arguments checked before the split");
-        scale_in_place(cg, gate.1);
-        if wk.rec.on() {
-            t = record_matmul(&mut wk.rec, &mut wk.kernel, kg, gate.2, t, gate_bytes * r.len() as u64 / n as u64);
+    pool.split_blocks_pair(mg, mu, rows, BLOCK_ROWS, workers, |blocks, wk| {
+        let t0 = wk.rec.start();
+        let mut t = t0;
+        // Each block is gate, up and the activation of the same rows: three spans per block.
+        while let Some((first, cg, cu)) = blocks.next_block() {
+            let r = first..first + cg.len() / rows;
+            kg.matmul(gate.0, act, r.clone(), cg, &mut wk.kernel).expect("arguments checked before the split");
+            scale_in_place(cg, gate.1);
+            if wk.rec.on() {
+                t = record_matmul(&mut wk.rec, &mut wk.kernel, kg, gate.2, t, gate_bytes * r.len() as u64 / n as u64);
+            }
+            ku.matmul(up.0, act, r.clone(), cu, &mut wk.kernel).expect("arguments checked before the split");
+            scale_in_place(cu, up.1);
+            if wk.rec.on() {
+                t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.2, t, up_bytes * r.len() as u64 / n as u64);
+            }
+            crate::kernels::gated_activation(activation, cg, cu);
+            t = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
         }
-        ku.matmul(up.0, act, r.clone(), cu, &mut wk.kernel).expect("arguments checked before the split");
-        scale_in_place(cu, up.1);
-        if wk.rec.on() {
-            t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.2, t, up_bytes * r.len() as u64 / n as u64);
+        if t != t0 {
+            wk.rec.chunk_start = t0;
+            wk.rec.chunk_end = t;
         }
-        crate::kernels::gated_activation(activation, cg, cu);
-        wk.rec.chunk_end = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
     });
     let rec = &mut workers[0].rec;
     if on {
@@ -680,6 +705,12 @@ fn linear_gated(
     }
     Ok(())
 }
+
+/// Output rows per block of a matmul's [`WorkerPool::split_blocks`]: the kernels' row tiles
+/// never straddle blocks. Threads take their own rows in halves of what is left (see
+/// `Blocks::next_block`), so a small block costs no more kernel calls than a large one until
+/// the end of the run, where it lets a thread that finished take over the other's last rows.
+const BLOCK_ROWS: usize = 16;
 
 /// Up to this many rows per forward call (decode steps, not prompts), the cache lines the
 /// layer's `kv_write` will store into are prefetched before its projections run: a few KiB
@@ -780,57 +811,63 @@ fn attention(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let vec_bytes = kv.precision().bytes_per_vector(hd) as u64;
-    pool.split(out, hd, 1, workers, |first, chunk, s| {
-        let items = chunk.len() / hd;
-        for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
-            let item = first + j;
-            let (row, head) = (item / heads, item % heads);
-            let (seq, pos, kh) = (seqs[row], positions[row], head / group);
-            let qh = &q[row * heads * hd + head * hd..][..hd];
-            let scores = &mut s.scores[..=pos];
-            let t0 = s.rec.start();
-            if j == 0 {
-                s.rec.chunk_start = t0;
-                kv.key_rows(layer, seq, kh, pos + 1).prefetch();
-            }
-            // The cache is cold at every step (the weights streamed since evicted it), and one
-            // head's rows are a few KiB, too short for the hardware prefetcher: the scores ask
-            // for this head's values a share at a time while they run, and the weighted sum for
-            // the next head's keys, so that memory streams under the arithmetic throughout.
-            let (keys, values) = (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
-            match (&keys, &values) {
-                (KvRows::F32(k), KvRows::F32(v)) => attention_scores(qh, k, scale, scores, v),
-                (KvRows::F16(k), KvRows::F16(v)) => attention_scores(qh, k, scale, scores, v),
-                _ => {
-                    for (p, sc) in scores.iter_mut().enumerate() {
-                        *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
+    pool.split_blocks(out, hd, 1, workers, |blocks, s| {
+        let mut started = false;
+        while let Some((first, chunk)) = blocks.next_block() {
+            let items = chunk.len() / hd;
+            for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
+                let item = first + j;
+                let (row, head) = (item / heads, item % heads);
+                let (seq, pos, kh) = (seqs[row], positions[row], head / group);
+                let qh = &q[row * heads * hd + head * hd..][..hd];
+                let scores = &mut s.scores[..=pos];
+                let t0 = s.rec.start();
+                if j == 0 {
+                    if !started {
+                        s.rec.chunk_start = t0;
+                        started = true;
                     }
+                    kv.key_rows(layer, seq, kh, pos + 1).prefetch();
                 }
-            }
-            let kv_bytes = vec_bytes * (pos + 1) as u64;
-            let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
-            // Attention weights, in place.
-            softmax_in_place(scores);
-            let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
-            let next_keys = (j + 1 < items).then(|| {
-                let (row, head) = ((item + 1) / heads, (item + 1) % heads);
-                kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
-            });
-            o.fill(0.0);
-            match (&values, &next_keys) {
-                (KvRows::F32(v), Some(KvRows::F32(n))) => attention_weighted_sum(scores, v, o, n),
-                (KvRows::F32(v), _) => attention_weighted_sum(scores, v, o, &[]),
-                (KvRows::F16(v), Some(KvRows::F16(n))) => attention_weighted_sum(scores, v, o, n),
-                (KvRows::F16(v), _) => attention_weighted_sum(scores, v, o, &[]),
-                (KvRows::Encoded, _) => {
-                    for (p, wgt) in scores.iter().enumerate() {
-                        for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
-                            *a += wgt * v;
+                // The cache is cold at every step (the weights streamed since evicted it), and one
+                // head's rows are a few KiB, too short for the hardware prefetcher: the scores ask
+                // for this head's values a share at a time while they run, and the weighted sum for
+                // the next head's keys, so that memory streams under the arithmetic throughout.
+                let (keys, values) = (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
+                match (&keys, &values) {
+                    (KvRows::F32(k), KvRows::F32(v)) => attention_scores(qh, k, scale, scores, v),
+                    (KvRows::F16(k), KvRows::F16(v)) => attention_scores(qh, k, scale, scores, v),
+                    _ => {
+                        for (p, sc) in scores.iter_mut().enumerate() {
+                            *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
                         }
                     }
                 }
+                let kv_bytes = vec_bytes * (pos + 1) as u64;
+                let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
+                // Attention weights, in place.
+                softmax_in_place(scores);
+                let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
+                let next_keys = (j + 1 < items).then(|| {
+                    let (row, head) = ((item + 1) / heads, (item + 1) % heads);
+                    kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
+                });
+                o.fill(0.0);
+                match (&values, &next_keys) {
+                    (KvRows::F32(v), Some(KvRows::F32(n))) => attention_weighted_sum(scores, v, o, n),
+                    (KvRows::F32(v), _) => attention_weighted_sum(scores, v, o, &[]),
+                    (KvRows::F16(v), Some(KvRows::F16(n))) => attention_weighted_sum(scores, v, o, n),
+                    (KvRows::F16(v), _) => attention_weighted_sum(scores, v, o, &[]),
+                    (KvRows::Encoded, _) => {
+                        for (p, wgt) in scores.iter().enumerate() {
+                            for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
+                                *a += wgt * v;
+                            }
+                        }
+                    }
+                }
+                s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
             }
-            s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
         }
     });
     let rec = &mut workers[0].rec;

@@ -2,7 +2,9 @@
 //! allocates nor locks while the workers are awake.
 //!
 //! `split` hands every thread (the caller is thread 0) one contiguous chunk of an output slice
-//! and its own scratch object; the chunks are disjoint by construction. Workers spin briefly
+//! and its own scratch object; the chunks are disjoint by construction. `split_blocks` starts
+//! each thread on the same contiguous run, but a thread that finishes takes the blocks others
+//! have not reached yet, so a thread that loses its core mid-step no longer holds up the rest. Workers spin briefly
 //! on a generation counter for the next job (decode dispatches jobs every few microseconds),
 //! then sleep on a condition variable, which the caller only touches when someone sleeps.
 
@@ -11,7 +13,7 @@ use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,6 +53,85 @@ pub struct WorkerPool {
     handles: Vec<JoinHandle<()>>,
     threads: usize,
     pinned: bool,
+    /// One per thread: its blocks of the current [`WorkerPool::split_blocks`].
+    shares: Box<[Share]>,
+}
+
+/// A thread's blocks in a [`WorkerPool::split_blocks`]: `front` (the next block its owner
+/// takes) in the low 32 bits and `back` (one past the last block nobody has taken) in the high
+/// 32 bits, in one word so that the owner (taking from the front) and a thief (taking from the
+/// back) agree on the last block with one compare-and-swap. A cache line each, so that owners
+/// do not slow each other down.
+#[repr(align(64))]
+struct Share(AtomicU64);
+
+impl Share {
+    fn pack(front: usize, back: usize) -> u64 {
+        front as u64 | (back as u64) << 32
+    }
+}
+
+/// One thread's view of a [`WorkerPool::split_blocks`]: hands out blocks of the output, its own
+/// from the front, then, when those are gone, other threads' from their backs.
+pub struct Blocks<'s, 'a, T> {
+    parts: &'s DisjointParts<'a, T>,
+    shares: &'s [Share],
+    me: usize,
+    /// 0 while taking its own blocks, then k for thread `me + k` (mod threads).
+    victim: usize,
+    unit: usize,
+    block_units: usize,
+    units: usize,
+    /// Blocks taken from other threads.
+    stolen: usize,
+}
+
+impl<'a, T> Blocks<'_, 'a, T> {
+    /// The next block this thread computes, as (first unit, its part of the output), or `None`
+    /// when every block of every thread is taken.
+    pub fn next_block(&mut self) -> Option<(usize, &'a mut [T])> {
+        let n = self.shares.len();
+        while self.victim < n {
+            let share = &self.shares[(self.me + self.victim) % n].0;
+            let mut v = share.load(Acquire);
+            loop {
+                let (front, back) = (v as u32 as usize, (v >> 32) as usize);
+                if front >= back {
+                    break;
+                }
+                // The owner takes half of what is left of its run (at least one block), so its
+                // first pieces are long streams and later ones short; a thief takes half of
+                // what is left from the back, so an owner that lost its core keeps the front.
+                let take = if self.victim == 0 { (back - front).div_ceil(2) } else { ((back - front) / 2).max(1) };
+                let (next, blocks) = if self.victim == 0 {
+                    (Share::pack(front + take, back), front..front + take)
+                } else {
+                    (Share::pack(front, back - take), back - take..back)
+                };
+                match share.compare_exchange_weak(v, next, AcqRel, Acquire) {
+                    Ok(_) => {
+                        self.stolen += usize::from(self.victim > 0);
+                        let start = blocks.start * self.block_units;
+                        let end = (blocks.end * self.block_units).min(self.units);
+                        // SAFETY: each block index leaves its share exactly once (the CAS above
+                        // moves front or back past it, and front < back was read in the same
+                        // word), so no two threads get the same units; the output stays
+                        // exclusively borrowed by `split_blocks` until every thread is done.
+                        let part = unsafe { self.parts.slice(start * self.unit..end * self.unit) };
+                        return Some((start, part));
+                    }
+                    Err(now) => v = now,
+                }
+            }
+            self.victim += 1;
+        }
+        None
+    }
+
+    /// How many of the blocks this thread took were other threads'.
+    pub fn stolen(&self) -> usize {
+        self.stolen
+    }
 }
 
 impl WorkerPool {
@@ -90,7 +171,8 @@ impl WorkerPool {
                 .map_err(|e| Error::Unsupported(format!("cannot start worker thread: {e}")))?;
             handles.push(h);
         }
-        Ok(Self { shared, handles, threads, pinned })
+        let shares = (0..threads).map(|_| Share(AtomicU64::new(0))).collect();
+        Ok(Self { shared, handles, threads, pinned, shares })
     }
 
     pub fn threads(&self) -> usize {
@@ -167,6 +249,48 @@ impl WorkerPool {
 }
 
 impl WorkerPool {
+    /// Splits `out` into blocks of `block_units` units (a unit is `unit` elements) and runs
+    /// `f(&mut blocks, &mut scratch[i])` on every thread i, which computes the blocks
+    /// `blocks.next_block()` hands it. Each thread starts on its own contiguous run of blocks
+    /// (as [`split`](Self::split) would give it), front to back, so its reads stream; a thread
+    /// that runs out takes blocks from the back of the others' runs. On a shared machine a
+    /// thread can lose its core for a millisecond mid-step: with a static split the others
+    /// then wait for it, here they take over what it has not started.
+    pub fn split_blocks<'a, T: Send, S: Send>(
+        &self,
+        out: &'a mut [T],
+        unit: usize,
+        block_units: usize,
+        scratch: &mut [S],
+        f: impl Fn(&mut Blocks<'_, 'a, T>, &mut S) + Sync,
+    ) {
+        assert!(
+            unit > 0 && out.len().is_multiple_of(unit),
+            "split_blocks: output length is not a whole number of units"
+        );
+        assert!(scratch.len() >= self.threads, "split_blocks: need one scratch per thread");
+        let units = out.len() / unit;
+        // One thread has nobody to balance against: one block, one uninterrupted stream.
+        let block_units = if self.threads == 1 { units.max(1) } else { block_units.max(1) };
+        let blocks = units.div_ceil(block_units);
+        assert!(blocks < u32::MAX as usize, "split_blocks: too many blocks");
+        let threads = self.threads;
+        for (i, share) in self.shares.iter().enumerate() {
+            let r = chunk_range(blocks, threads, 1, i);
+            // Published to the workers by `run`'s generation bump (SeqCst).
+            share.0.store(Share::pack(r.start, r.end), Relaxed);
+        }
+        let parts = DisjointParts::new(out);
+        let scratch = DisjointParts::new(scratch);
+        let shares = &*self.shares;
+        self.run(&|i| {
+            let mut b = Blocks { parts: &parts, shares, me: i, victim: 0, unit, block_units, units, stolen: 0 };
+            // SAFETY: scratch item i is used by thread i only, and `run` returns only when all
+            // threads are done, while `scratch` is still exclusively borrowed by this call.
+            f(&mut b, unsafe { scratch.item(i) });
+        });
+    }
+
     /// Like [`split`](Self::split) over two outputs of equal length at once: thread i gets the
     /// same unit range of `a` and of `b` (e.g. the gate and up projections of the same rows,
     /// so it can combine them without another barrier).
@@ -191,6 +315,43 @@ impl WorkerPool {
             let chunk_b = unsafe { pb.slice(r) };
             f(first, chunk_a, chunk_b, s)
         });
+    }
+}
+
+impl WorkerPool {
+    /// [`split_blocks`](Self::split_blocks) over two outputs of equal length at once: each
+    /// block is the same units of `a` and of `b` (see [`split_pair`](Self::split_pair)).
+    pub fn split_blocks_pair<'a, T: Send, S: Send>(
+        &self,
+        a: &'a mut [T],
+        b: &'a mut [T],
+        unit: usize,
+        block_units: usize,
+        scratch: &mut [S],
+        f: impl Fn(&mut PairBlocks<'_, '_, 'a, T>, &mut S) + Sync,
+    ) {
+        assert_eq!(a.len(), b.len(), "split_blocks_pair: outputs differ in length");
+        let pb = DisjointParts::new(b);
+        self.split_blocks(a, unit, block_units, scratch, |blocks, s| f(&mut PairBlocks { a: blocks, b: &pb }, s));
+    }
+}
+
+/// [`Blocks`] over two outputs (see [`WorkerPool::split_blocks_pair`]).
+pub struct PairBlocks<'r, 's, 'a, T> {
+    a: &'r mut Blocks<'s, 'a, T>,
+    b: &'r DisjointParts<'a, T>,
+}
+
+impl<'a, T> PairBlocks<'_, '_, 'a, T> {
+    /// The next block: (first unit, its part of `a`, the same part of `b`).
+    pub fn next_block(&mut self) -> Option<(usize, &'a mut [T], &'a mut [T])> {
+        let (first, a) = self.a.next_block()?;
+        let r = first * self.a.unit..first * self.a.unit + a.len();
+        // SAFETY: the block's units of `a` are this thread's alone (see `Blocks::next_block`),
+        // so the same range of `b`, of equal length, is too; `b` stays exclusively borrowed
+        // until `split_blocks_pair` returns.
+        let b = unsafe { self.b.slice(r) };
+        Some((first, a, b))
     }
 }
 
@@ -329,6 +490,79 @@ mod tests {
             }
             assert!(scratch.iter().all(|s| *s == 50), "{scratch:?}");
         }
+    }
+
+    #[test]
+    fn split_blocks_hands_out_every_unit_exactly_once() {
+        for threads in [1, 2, 3, 4] {
+            let pool = WorkerPool::new(threads, false).unwrap();
+            for (units, block) in [(0, 4), (1, 4), (37, 4), (100, 7), (64, 64), (1000, 16), (1000, 1)] {
+                // Each element counts the times its unit was handed out (in steps of 2, so
+                // the value also says which unit it is).
+                let mut out = vec![0u32; 3 * units];
+                let mut scratch = vec![0usize; threads];
+                pool.split_blocks(&mut out, 3, block, &mut scratch, |blocks, s| {
+                    while let Some((first, chunk)) = blocks.next_block() {
+                        assert!(chunk.len() % 3 == 0 && (threads == 1 || first % block == 0));
+                        for (j, v) in chunk.iter_mut().enumerate() {
+                            *v += 1 + (first * 3 + j) as u32 * 2;
+                        }
+                        *s += chunk.len() / 3;
+                    }
+                });
+                assert!(
+                    out.iter().enumerate().all(|(j, v)| *v == 1 + j as u32 * 2),
+                    "{threads} threads, {units} units"
+                );
+                assert_eq!(scratch.iter().sum::<usize>(), units);
+            }
+        }
+    }
+
+    #[test]
+    fn a_thread_that_stalls_has_its_blocks_taken_by_the_others() {
+        // Thread 0 stalls in its first block until the last block of its own run is done (by
+        // someone else, necessarily), or 10 s pass: without stealing it would never be.
+        for threads in [2, 3] {
+            let pool = WorkerPool::new(threads, false).unwrap();
+            let own = chunk_range(64, threads, 1, 0);
+            let done: Vec<AtomicBool> = (0..64).map(|_| AtomicBool::new(false)).collect();
+            let mut out = vec![usize::MAX; 64];
+            let mut scratch = vec![0usize; threads];
+            pool.split_blocks(&mut out, 1, 1, &mut scratch, |blocks, s| {
+                while let Some((first, chunk)) = blocks.next_block() {
+                    let start = Instant::now();
+                    while first == 0 && !done[own.end - 1].load(SeqCst) && start.elapsed() < Duration::from_secs(10) {
+                        std::thread::yield_now();
+                    }
+                    for (j, v) in chunk.iter_mut().enumerate() {
+                        *v = first + j;
+                        done[first + j].store(true, SeqCst);
+                    }
+                    *s += chunk.len();
+                }
+            });
+            assert!(out.iter().enumerate().all(|(j, v)| *v == j));
+            assert!(scratch[0] < own.len(), "thread 0 did all of its run itself: {scratch:?}");
+        }
+    }
+
+    #[test]
+    fn split_blocks_pair_gives_both_outputs_the_same_units() {
+        let pool = WorkerPool::new(2, false).unwrap();
+        let (mut a, mut b) = (vec![0usize; 2 * 37], vec![0usize; 2 * 37]);
+        let mut scratch = vec![(); 2];
+        pool.split_blocks_pair(&mut a, &mut b, 2, 5, &mut scratch, |blocks, _| {
+            while let Some((first, ca, cb)) = blocks.next_block() {
+                assert_eq!(ca.len(), cb.len());
+                for (j, (x, y)) in ca.iter_mut().zip(cb.iter_mut()).enumerate() {
+                    *x = first * 2 + j;
+                    *y = 1000 + first * 2 + j;
+                }
+            }
+        });
+        assert!(a.iter().enumerate().all(|(j, v)| *v == j));
+        assert!(b.iter().enumerate().all(|(j, v)| *v == 1000 + j));
     }
 
     #[test]
