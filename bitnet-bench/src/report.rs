@@ -187,8 +187,27 @@ pub struct Decode {
     pub bytes_per_token: u64,
     /// Bytes read per decode step.
     pub bytes_per_step: u64,
-    /// bytes_per_step × steps per second (median) / the roofline bandwidth for the same threads.
+    /// bytes_per_step × steps per second (median) / the roofline bandwidth: the higher of
+    /// `probes_gbps`, else (reports without them) the roofline section's figure for the same
+    /// threads.
     pub roofline_fraction: f64,
+    /// Read bandwidth probes (GB/s, same threads) taken just before and just after this
+    /// combination's runs. The bandwidth of a shared machine drifts by tens of percent within
+    /// a sweep; probes seconds away from the runs make a fairer roofline than the sweep's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes_gbps: Vec<f64>,
+}
+
+impl Decode {
+    /// The bandwidth `roofline_fraction` is against: the higher of this result's own probes,
+    /// or `sweep_gbps` (the roofline section's figure for its threads) when it has none.
+    pub fn roofline_gbps(&self, sweep_gbps: f64) -> f64 {
+        if self.probes_gbps.is_empty() {
+            sweep_gbps
+        } else {
+            self.probes_gbps.iter().copied().fold(0.0, f64::max)
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -326,6 +345,9 @@ pub fn check(r: &Report) -> Result<()> {
         if !res.decode.roofline_fraction.is_finite() {
             bail!("{p}.decode.roofline_fraction: non-finite value");
         }
+        if let Some(g) = res.decode.probes_gbps.iter().find(|g| !(g.is_finite() && **g > 0.0)) {
+            bail!("{p}.decode.probes_gbps: {g} is not a positive bandwidth");
+        }
         if res.config.batch == 0 || res.config.threads == 0 {
             bail!("{p}.config: batch and threads must be at least 1");
         }
@@ -379,6 +401,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
                     o.decode.tokens_per_sec = cat(&o.decode.tokens_per_sec, &x.decode.tokens_per_sec);
                     let lat = [o.decode.latency_ms.samples.clone(), x.decode.latency_ms.samples.clone()].concat();
                     o.decode.latency_ms = Latency::of(lat);
+                    o.decode.probes_gbps.extend(&x.decode.probes_gbps);
                     o.memory.peak_rss_bytes = o.memory.peak_rss_bytes.max(x.memory.peak_rss_bytes);
                 }
             }
@@ -386,7 +409,8 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
     }
     // The roofline fraction follows the merged median.
     for o in &mut out.results {
-        let bw = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
+        let sweep = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
+        let bw = o.decode.roofline_gbps(sweep);
         if bw > 0.0 {
             o.decode.roofline_fraction = crate::sweep::roofline_fraction(
                 o.decode.bytes_per_step,

@@ -270,6 +270,10 @@ pub fn run_sweep(
     'combos: for (index, combo) in combos.iter().enumerate() {
         progress(Progress::Start { index, total, combo })?;
         let prepared = runner.prepare(combo, spec.max_new_tokens)?;
+        let probe = |runner: &mut dyn Runner| {
+            runner.bandwidth_gbps(combo.threads).with_context(|| format!("bandwidth probe, {} threads", combo.threads))
+        };
+        let mut probes = vec![probe(runner)?];
         let mut samples = Vec::with_capacity(spec.repeat);
         for i in 0..spec.warmup + spec.repeat {
             if stop.load(Ordering::SeqCst) {
@@ -283,6 +287,7 @@ pub fn run_sweep(
         if stop.load(Ordering::SeqCst) {
             break;
         }
+        probes.push(probe(runner)?);
         let diag = if spec.trace || spec.counters {
             runner.diagnose(spec.max_new_tokens, spec.trace, spec.counters)?
         } else {
@@ -298,8 +303,7 @@ pub fn run_sweep(
         } else {
             None
         };
-        let bw = report.roofline.by_threads[&combo.threads.to_string()];
-        let result = summarize(combo, &report.model.name, &prepared, &samples, bw, quality, diag);
+        let result = summarize(combo, &report.model.name, &prepared, &samples, probes, quality, diag);
         report.results.push(result);
         let last = report.results.last().expect("just pushed");
         progress(Progress::Done { index, total, result: last, report: &report })?;
@@ -314,7 +318,7 @@ pub fn run_sweep(
             report.roofline.raise(&key, gbps);
         }
         for r in &mut report.results {
-            let bw = report.roofline.by_threads[&r.config.threads.to_string()];
+            let bw = r.decode.roofline_gbps(report.roofline.by_threads[&r.config.threads.to_string()]);
             r.decode.roofline_fraction =
                 roofline_fraction(r.decode.bytes_per_step, r.decode.tokens_per_sec.median, r.config.batch, bw);
         }
@@ -333,7 +337,7 @@ pub fn summarize(
     model: &str,
     prepared: &Prepared,
     samples: &[RunSample],
-    bandwidth_gbps: f64,
+    probes_gbps: Vec<f64>,
     quality: Option<Quality>,
     diag: Diagnostics,
 ) -> BenchResult {
@@ -345,6 +349,7 @@ pub fn summarize(
     let lat: Vec<f64> = samples.iter().flat_map(|s| s.decode_step_secs.iter().map(|t| t * 1e3)).collect();
     let tg_stat = Stat::of(&tg);
     let tg_median = tg_stat.median;
+    let bandwidth_gbps = probes_gbps.iter().copied().fold(0.0, f64::max);
     let stages = diag.stages.map(|m| {
         let total: f64 = m.values().sum();
         m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: if total > 0.0 { ns / total } else { 0.0 } })).collect()
@@ -366,6 +371,7 @@ pub fn summarize(
             bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
             bytes_per_step: prepared.bytes_per_step,
             roofline_fraction: roofline_fraction(prepared.bytes_per_step, tg_median, combo.batch, bandwidth_gbps),
+            probes_gbps,
         },
         memory: Memory {
             weight_bytes: prepared.weight_bytes,

@@ -150,14 +150,19 @@ fn statistics_come_from_the_runs_after_warm_up() {
     // Prefill: 8 tokens in 8 ms.
     assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
     assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
-    // Roofline: 1e8 bytes per step × steps/s ÷ 25 GB/s (2 threads): the higher of the probe
-    // before the runs (20) and the one after (25).
+    // Probes (the fake's figures grow by 5 GB/s per probe): the sweep's before everything
+    // (20), each combination's just before and just after its runs (25 and 30 for the first,
+    // up to 55 and 60 for the fourth), the sweep's after everything (65).
+    // Roofline: 1e8 bytes per step × steps/s ÷ 30 GB/s, the higher of the first combination's
+    // own probes, not the sweep's 65 minutes away.
     let steps_per_sec = tg.median;
-    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 25e9).abs() < 1e-12);
-    assert_eq!(r.roofline.by_threads["2"], 25.0);
-    assert_eq!(r.roofline.read_bandwidth_gbps, 25.0);
-    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 25.0]);
-    assert!((r.roofline.probe_spread() - 0.2).abs() < 1e-12);
+    assert_eq!(first.decode.probes_gbps, vec![25.0, 30.0]);
+    assert_eq!(r.results[3].decode.probes_gbps, vec![55.0, 60.0]);
+    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 30e9).abs() < 1e-12);
+    assert_eq!(r.roofline.by_threads["2"], 65.0);
+    assert_eq!(r.roofline.read_bandwidth_gbps, 65.0);
+    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 65.0]);
+    assert!((r.roofline.probe_spread() - 45.0 / 65.0).abs() < 1e-12);
     // Quality once per precision; stage shares from the diagnostic run.
     assert_eq!(first.quality.as_ref().unwrap().kl_divergence, 0.001);
     assert_eq!(r.results[2].quality.as_ref().unwrap().kl_divergence, 0.01);
