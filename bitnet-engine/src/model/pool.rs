@@ -290,37 +290,12 @@ impl WorkerPool {
             f(&mut b, unsafe { scratch.item(i) });
         });
     }
-
-    /// Like [`split`](Self::split) over two outputs of equal length at once: thread i gets the
-    /// same unit range of `a` and of `b` (e.g. the gate and up projections of the same rows,
-    /// so it can combine them without another barrier).
-    pub fn split_pair<T: Send, S: Send>(
-        &self,
-        a: &mut [T],
-        b: &mut [T],
-        unit: usize,
-        align: usize,
-        scratch: &mut [S],
-        f: impl Fn(usize, &mut [T], &mut [T], &mut S) + Sync,
-    ) {
-        assert_eq!(a.len(), b.len(), "split_pair: outputs differ in length");
-        let units = a.len() / unit.max(1);
-        let pb = DisjointParts::new(b);
-        self.split(a, unit, align, scratch, |first, chunk_a, s| {
-            let r = first * unit..first * unit + chunk_a.len();
-            debug_assert!(r.end <= units * unit);
-            // SAFETY: `split` hands each thread a disjoint unit range of `a` exactly once per
-            // call; the same range of `b` (same length) is therefore disjoint across threads
-            // too, and `b` stays exclusively borrowed until `split` returns.
-            let chunk_b = unsafe { pb.slice(r) };
-            f(first, chunk_a, chunk_b, s)
-        });
-    }
 }
 
 impl WorkerPool {
     /// [`split_blocks`](Self::split_blocks) over two outputs of equal length at once: each
-    /// block is the same units of `a` and of `b` (see [`split_pair`](Self::split_pair)).
+    /// block is the same units of `a` and of `b` (e.g. the gate and up projections of the same
+    /// rows, so that the thread can combine them without another barrier).
     pub fn split_blocks_pair<'a, T: Send, S: Send>(
         &self,
         a: &'a mut [T],
@@ -563,25 +538,6 @@ mod tests {
         });
         assert!(a.iter().enumerate().all(|(j, v)| *v == j));
         assert!(b.iter().enumerate().all(|(j, v)| *v == 1000 + j));
-    }
-
-    #[test]
-    fn split_pair_gives_both_outputs_the_same_units() {
-        for threads in [1, 2, 3] {
-            let pool = WorkerPool::new(threads, false).unwrap();
-            let (mut a, mut b) = (vec![0usize; 2 * 37], vec![0usize; 2 * 37]);
-            let mut scratch = vec![0usize; threads];
-            pool.split_pair(&mut a, &mut b, 2, 4, &mut scratch, |first, ca, cb, s| {
-                assert_eq!(ca.len(), cb.len());
-                *s += 1;
-                for (j, (x, y)) in ca.iter_mut().zip(cb.iter_mut()).enumerate() {
-                    *x = first * 2 + j;
-                    *y = 1000 + first * 2 + j;
-                }
-            });
-            assert!(a.iter().enumerate().all(|(j, v)| *v == j));
-            assert!(b.iter().enumerate().all(|(j, v)| *v == 1000 + j));
-        }
     }
 
     #[test]
