@@ -104,6 +104,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                 bytes_per_step: 0,
                 roofline_fraction: 0.0,
                 probes_gbps: Vec::new(),
+                step_fractions: Vec::new(),
             },
             memory: Memory { weight_bytes: pp.model_size, kv_cache_bytes: 0, peak_rss_bytes: None },
             quality: None,

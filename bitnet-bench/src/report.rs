@@ -187,27 +187,19 @@ pub struct Decode {
     pub bytes_per_token: u64,
     /// Bytes read per decode step.
     pub bytes_per_step: u64,
-    /// bytes_per_step × steps per second (median) / the roofline bandwidth: the higher of
-    /// `probes_gbps`, else (reports without them) the roofline section's figure for the same
-    /// threads.
+    /// Decode's share of the read bandwidth: the median of `step_fractions`; in reports
+    /// without them, bytes_per_step × steps per second (median) / the roofline section's
+    /// bandwidth for the same threads.
     pub roofline_fraction: f64,
-    /// Read bandwidth probes (GB/s, same threads) taken just before and just after this
-    /// combination's runs. The bandwidth of a shared machine drifts by tens of percent within
-    /// a sweep; probes seconds away from the runs make a fairer roofline than the sweep's.
+    /// The roofline pass's probes (GB/s, same threads, 128 MiB each), one right after each of
+    /// its decode steps. The bandwidth of a shared machine jumps between levels every few
+    /// seconds (30 and 54 GB/s on our VMs), so a probe seconds away from a step says little
+    /// about it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes_gbps: Vec<f64>,
-}
-
-impl Decode {
-    /// The bandwidth `roofline_fraction` is against: the higher of this result's own probes,
-    /// or `sweep_gbps` (the roofline section's figure for its threads) when it has none.
-    pub fn roofline_gbps(&self, sweep_gbps: f64) -> f64 {
-        if self.probes_gbps.is_empty() {
-            sweep_gbps
-        } else {
-            self.probes_gbps.iter().copied().fold(0.0, f64::max)
-        }
-    }
+    /// Each roofline-pass step's bytes_per_step ÷ its time ÷ the probe right after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_fractions: Vec<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -348,6 +340,11 @@ pub fn check(r: &Report) -> Result<()> {
         if let Some(g) = res.decode.probes_gbps.iter().find(|g| !(g.is_finite() && **g > 0.0)) {
             bail!("{p}.decode.probes_gbps: {g} is not a positive bandwidth");
         }
+        if res.decode.step_fractions.len() != res.decode.probes_gbps.len()
+            || res.decode.step_fractions.iter().any(|f| !(f.is_finite() && *f >= 0.0))
+        {
+            bail!("{p}.decode.step_fractions: needs one finite, non-negative value per probe in probes_gbps");
+        }
         if res.config.batch == 0 || res.config.threads == 0 {
             bail!("{p}.config: batch and threads must be at least 1");
         }
@@ -402,15 +399,19 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
                     let lat = [o.decode.latency_ms.samples.clone(), x.decode.latency_ms.samples.clone()].concat();
                     o.decode.latency_ms = Latency::of(lat);
                     o.decode.probes_gbps.extend(&x.decode.probes_gbps);
+                    o.decode.step_fractions.extend(&x.decode.step_fractions);
                     o.memory.peak_rss_bytes = o.memory.peak_rss_bytes.max(x.memory.peak_rss_bytes);
                 }
             }
         }
     }
-    // The roofline fraction follows the merged median.
+    // The roofline fraction follows the merged medians.
     for o in &mut out.results {
-        let sweep = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
-        let bw = o.decode.roofline_gbps(sweep);
+        if !o.decode.step_fractions.is_empty() {
+            o.decode.roofline_fraction = crate::stats::percentile(&o.decode.step_fractions, 50.0);
+            continue;
+        }
+        let bw = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
         if bw > 0.0 {
             o.decode.roofline_fraction = crate::sweep::roofline_fraction(
                 o.decode.bytes_per_step,

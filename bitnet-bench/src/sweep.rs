@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::bandwidth::measure_read_bandwidth;
+use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
 use bitnet_engine::instrument::{Level, Phase};
 use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
@@ -101,6 +101,19 @@ pub struct RunSample {
     pub decode_step_secs: Vec<f64>,
 }
 
+/// A roofline pass: decode steps, each followed by a short bandwidth probe with the same
+/// threads (see [`Runner::roofline_pass`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RooflinePass {
+    pub step_secs: Vec<f64>,
+    /// GB/s of the probe right after each step.
+    pub probe_gbps: Vec<f64>,
+}
+
+/// Bytes of each probe of a roofline pass: 4× the L3 of the machines we target, so it reads
+/// DRAM, and a few milliseconds, so that it sees the bandwidth of the step it follows.
+pub const ROOFLINE_PROBE_BYTES: usize = 128 << 20;
+
 /// Stage times and counters of a diagnostic run.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Diagnostics {
@@ -119,6 +132,10 @@ pub trait Runner {
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64>;
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared>;
     fn run(&mut self, max_new: usize) -> Result<RunSample>;
+    /// Another run whose decode steps each have a bandwidth probe right after them, for the
+    /// roofline fraction: on a shared machine the bandwidth jumps between levels (30 and 54
+    /// GB/s here) every few seconds, so probes seconds away from a step say little about it.
+    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass>;
     fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics>;
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality>;
 }
@@ -270,10 +287,6 @@ pub fn run_sweep(
     'combos: for (index, combo) in combos.iter().enumerate() {
         progress(Progress::Start { index, total, combo })?;
         let prepared = runner.prepare(combo, spec.max_new_tokens)?;
-        let probe = |runner: &mut dyn Runner| {
-            runner.bandwidth_gbps(combo.threads).with_context(|| format!("bandwidth probe, {} threads", combo.threads))
-        };
-        let mut probes = vec![probe(runner)?];
         let mut samples = Vec::with_capacity(spec.repeat);
         for i in 0..spec.warmup + spec.repeat {
             if stop.load(Ordering::SeqCst) {
@@ -287,7 +300,7 @@ pub fn run_sweep(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        probes.push(probe(runner)?);
+        let pass = runner.roofline_pass(spec.max_new_tokens).context("roofline pass")?;
         let diag = if spec.trace || spec.counters {
             runner.diagnose(spec.max_new_tokens, spec.trace, spec.counters)?
         } else {
@@ -303,7 +316,8 @@ pub fn run_sweep(
         } else {
             None
         };
-        let result = summarize(combo, &report.model.name, &prepared, &samples, probes, quality, diag);
+        let bw = report.roofline.by_threads[&combo.threads.to_string()];
+        let result = summarize(combo, &report.model.name, &prepared, &samples, &pass, bw, quality, diag);
         report.results.push(result);
         let last = report.results.last().expect("just pushed");
         progress(Progress::Done { index, total, result: last, report: &report })?;
@@ -317,8 +331,8 @@ pub fn run_sweep(
             report.roofline.probes_gbps.entry(key.clone()).or_default().push(gbps);
             report.roofline.raise(&key, gbps);
         }
-        for r in &mut report.results {
-            let bw = r.decode.roofline_gbps(report.roofline.by_threads[&r.config.threads.to_string()]);
+        for r in report.results.iter_mut().filter(|r| r.decode.step_fractions.is_empty()) {
+            let bw = report.roofline.by_threads[&r.config.threads.to_string()];
             r.decode.roofline_fraction =
                 roofline_fraction(r.decode.bytes_per_step, r.decode.tokens_per_sec.median, r.config.batch, bw);
         }
@@ -332,12 +346,14 @@ pub fn roofline_fraction(bytes_per_step: u64, tokens_per_sec: f64, batch: usize,
 }
 
 /// The statistics of one combination's runs.
+#[allow(clippy::too_many_arguments)]
 pub fn summarize(
     combo: &Combo,
     model: &str,
     prepared: &Prepared,
     samples: &[RunSample],
-    probes_gbps: Vec<f64>,
+    pass: &RooflinePass,
+    bandwidth_gbps: f64,
     quality: Option<Quality>,
     diag: Diagnostics,
 ) -> BenchResult {
@@ -349,7 +365,12 @@ pub fn summarize(
     let lat: Vec<f64> = samples.iter().flat_map(|s| s.decode_step_secs.iter().map(|t| t * 1e3)).collect();
     let tg_stat = Stat::of(&tg);
     let tg_median = tg_stat.median;
-    let bandwidth_gbps = probes_gbps.iter().copied().fold(0.0, f64::max);
+    let step_fractions: Vec<f64> = pass
+        .step_secs
+        .iter()
+        .zip(&pass.probe_gbps)
+        .map(|(t, g)| roofline_fraction(prepared.bytes_per_step, combo.batch as f64 / t, combo.batch, *g))
+        .collect();
     let stages = diag.stages.map(|m| {
         let total: f64 = m.values().sum();
         m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: if total > 0.0 { ns / total } else { 0.0 } })).collect()
@@ -370,8 +391,13 @@ pub fn summarize(
             latency_ms: Latency::of(lat),
             bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
             bytes_per_step: prepared.bytes_per_step,
-            roofline_fraction: roofline_fraction(prepared.bytes_per_step, tg_median, combo.batch, bandwidth_gbps),
-            probes_gbps,
+            roofline_fraction: if step_fractions.is_empty() {
+                roofline_fraction(prepared.bytes_per_step, tg_median, combo.batch, bandwidth_gbps)
+            } else {
+                crate::stats::percentile(&step_fractions, 50.0)
+            },
+            probes_gbps: pass.probe_gbps.clone(),
+            step_fractions,
         },
         memory: Memory {
             weight_bytes: prepared.weight_bytes,
@@ -400,6 +426,8 @@ pub struct EngineRunner {
     probe_bytes: usize,
     state: Option<(Combo, State)>,
     prompts: Vec<Vec<u32>>,
+    /// The roofline pass's probe buffer, made on first use.
+    roofline_probe: Option<ProbeBuffer>,
 }
 
 impl EngineRunner {
@@ -439,6 +467,7 @@ impl EngineRunner {
             pin: spec.pin,
             probe_bytes: spec.probe_bytes,
             state: None,
+            roofline_probe: None,
             prompts: Vec::new(),
         })
     }
@@ -446,6 +475,44 @@ impl EngineRunner {
     fn state(&mut self) -> Result<(&Model, &mut State, Combo)> {
         let (combo, st) = self.state.as_mut().context("prepare() was not called")?;
         Ok((&self.model, st, *combo))
+    }
+
+    /// One run: prefill, then decode steps, with a bandwidth probe after each step when
+    /// `probe` is given (outside the step's time); returns the run and the probes' GB/s.
+    fn run_probing(&mut self, max_new: usize, probe: Option<&ProbeBuffer>) -> Result<(RunSample, Vec<f64>)> {
+        let prompts = std::mem::take(&mut self.prompts);
+        let r = (|| {
+            let (model, st, combo) = self.state()?;
+            let t0 = Instant::now();
+            let mut next = vec![0u32; combo.batch];
+            let mut prefill_secs = 0.0;
+            for (s, p) in prompts.iter().enumerate() {
+                let t = Instant::now();
+                let row = prefill(model, st, s, 0, p, None)?;
+                prefill_secs += t.elapsed().as_secs_f64();
+                next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
+            }
+            let ttft = t0.elapsed().as_secs_f64();
+            let seqs: Vec<usize> = (0..combo.batch).collect();
+            let mut positions = vec![0; combo.batch];
+            let mut steps = Vec::with_capacity(max_new);
+            let mut probes = Vec::with_capacity(if probe.is_some() { max_new } else { 0 });
+            for step in 0..max_new {
+                positions.fill(combo.context_length + step);
+                let t = Instant::now();
+                st.forward(model, &next, &seqs, &positions, LogitsFor::All)?;
+                for (b, n) in next.iter_mut().enumerate() {
+                    *n = argmax(st.logits(b).expect("decode rows have logits"));
+                }
+                steps.push(t.elapsed().as_secs_f64());
+                if let Some(p) = probe {
+                    probes.push(p.read_gbps_on(st.pool()).1);
+                }
+            }
+            Ok((RunSample { prefill_secs, ttft_secs: ttft, decode_step_secs: steps }, probes))
+        })();
+        self.prompts = prompts;
+        r
     }
 }
 
@@ -522,35 +589,20 @@ impl Runner for EngineRunner {
     }
 
     fn run(&mut self, max_new: usize) -> Result<RunSample> {
-        let prompts = std::mem::take(&mut self.prompts);
-        let r = (|| {
-            let (model, st, combo) = self.state()?;
-            let t0 = Instant::now();
-            let mut next = vec![0u32; combo.batch];
-            let mut prefill_secs = 0.0;
-            for (s, p) in prompts.iter().enumerate() {
-                let t = Instant::now();
-                let row = prefill(model, st, s, 0, p, None)?;
-                prefill_secs += t.elapsed().as_secs_f64();
-                next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
-            }
-            let ttft = t0.elapsed().as_secs_f64();
-            let seqs: Vec<usize> = (0..combo.batch).collect();
-            let mut positions = vec![0; combo.batch];
-            let mut steps = Vec::with_capacity(max_new);
-            for step in 0..max_new {
-                positions.fill(combo.context_length + step);
-                let t = Instant::now();
-                st.forward(model, &next, &seqs, &positions, LogitsFor::All)?;
-                for (b, n) in next.iter_mut().enumerate() {
-                    *n = argmax(st.logits(b).expect("decode rows have logits"));
-                }
-                steps.push(t.elapsed().as_secs_f64());
-            }
-            Ok(RunSample { prefill_secs, ttft_secs: ttft, decode_step_secs: steps })
-        })();
-        self.prompts = prompts;
-        r
+        Ok(self.run_probing(max_new, None)?.0)
+    }
+
+    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass> {
+        let probe = match self.roofline_probe.take() {
+            Some(p) => p,
+            None => ProbeBuffer::new(ROOFLINE_PROBE_BYTES)?,
+        };
+        // One untimed pass faults the pages in.
+        probe.read_gbps_on(self.state()?.1.pool());
+        let r = self.run_probing(max_new, Some(&probe));
+        self.roofline_probe = Some(probe);
+        let (sample, probe_gbps) = r?;
+        Ok(RooflinePass { step_secs: sample.decode_step_secs, probe_gbps })
     }
 
     fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics> {

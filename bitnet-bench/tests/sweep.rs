@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
 use bitnet_bench::report::{self, ModelInfo, Quality, Report};
-use bitnet_bench::sweep::{run_sweep, Combo, Diagnostics, Prepared, Progress, RunSample, Runner, SweepSpec};
+use bitnet_bench::sweep::{
+    run_sweep, Combo, Diagnostics, Prepared, Progress, RooflinePass, RunSample, Runner, SweepSpec,
+};
 use bitnet_bench::{output, system};
 use bitnet_engine::{KernelFamily, KvPrecision};
 
@@ -56,6 +58,14 @@ impl Runner for FakeRunner<'_> {
         let prefill = 1e-3 * (c.batch * c.context_length) as f64;
         let steps = (0..max_new).map(|k| (10.0 + k as f64 + r) * 1e-3 * (1.0 + c.batch as f64 / 4.0)).collect();
         Ok(RunSample { prefill_secs: prefill, ttft_secs: prefill + 1e-3, decode_step_secs: steps })
+    }
+    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass> {
+        // Step k takes (10 + k) ms × (1 + B/4) and its probe reads (20 + k) GB/s.
+        let c = self.combo.unwrap();
+        Ok(RooflinePass {
+            step_secs: (0..max_new).map(|k| (10.0 + k as f64) * 1e-3 * (1.0 + c.batch as f64 / 4.0)).collect(),
+            probe_gbps: (0..max_new).map(|k| 20.0 + k as f64).collect(),
+        })
     }
     fn diagnose(&mut self, _max_new: usize, trace: bool, _counters: bool) -> Result<Diagnostics> {
         let stages = trace.then(|| BTreeMap::from([("dot".to_string(), 300.0), ("unpack".to_string(), 100.0)]));
@@ -150,19 +160,19 @@ fn statistics_come_from_the_runs_after_warm_up() {
     // Prefill: 8 tokens in 8 ms.
     assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
     assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
-    // Probes (the fake's figures grow by 5 GB/s per probe): the sweep's before everything
-    // (20), each combination's just before and just after its runs (25 and 30 for the first,
-    // up to 55 and 60 for the fourth), the sweep's after everything (65).
-    // Roofline: 1e8 bytes per step × steps/s ÷ 30 GB/s, the higher of the first combination's
-    // own probes, not the sweep's 65 minutes away.
-    let steps_per_sec = tg.median;
-    assert_eq!(first.decode.probes_gbps, vec![25.0, 30.0]);
-    assert_eq!(r.results[3].decode.probes_gbps, vec![55.0, 60.0]);
-    assert!((first.decode.roofline_fraction - 1e8 * steps_per_sec / 30e9).abs() < 1e-12);
-    assert_eq!(r.roofline.by_threads["2"], 65.0);
-    assert_eq!(r.roofline.read_bandwidth_gbps, 65.0);
-    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 65.0]);
-    assert!((r.roofline.probe_spread() - 45.0 / 65.0).abs() < 1e-12);
+    // Roofline: the median of the roofline pass's step fractions, each 1e8 bytes ÷ the step's
+    // time ÷ the probe after it: (10 + k) ms × 1.25 and (20 + k) GB/s for step k; the median
+    // is step 1's. The sweep's probes before (20) and after (25) everything are the header's.
+    let want: Vec<f64> = (0..3).map(|k| 1e8 / ((10.0 + k as f64) * 1.25e-3) / ((20.0 + k as f64) * 1e9)).collect();
+    assert_eq!(first.decode.probes_gbps, vec![20.0, 21.0, 22.0]);
+    for (a, b) in first.decode.step_fractions.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+    assert!((first.decode.roofline_fraction - want[1]).abs() < 1e-12);
+    assert_eq!(r.roofline.by_threads["2"], 25.0);
+    assert_eq!(r.roofline.read_bandwidth_gbps, 25.0);
+    assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 25.0]);
+    assert!((r.roofline.probe_spread() - 0.2).abs() < 1e-12);
     // Quality once per precision; stage shares from the diagnostic run.
     assert_eq!(first.quality.as_ref().unwrap().kl_divergence, 0.001);
     assert_eq!(r.results[2].quality.as_ref().unwrap().kl_divergence, 0.01);

@@ -220,6 +220,12 @@ impl State {
     pub fn kv_cache(&self) -> &KvCache {
         &self.kv
     }
+    /// The worker pool (for work that should run on the decode's own threads, such as a
+    /// bandwidth probe between steps).
+    pub fn pool(&self) -> &WorkerPool {
+        &self.pool
+    }
+
     pub fn threads(&self) -> usize {
         self.pool.threads()
     }
