@@ -619,7 +619,9 @@ fn linear_multi<const P: usize>(
                     continue;
                 }
                 if let Some((p, bytes)) = open.filter(|o| o.0 != i) {
-                    t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+                    if wk.rec.on() {
+                        t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+                    }
                     open = None;
                 }
                 let (w, out_scale, _) = parts[i];
