@@ -238,6 +238,21 @@ impl KernelScratch {
         s
     }
 
+    /// Preallocates everything a kernel would otherwise grow on first use, for up to `batch`
+    /// tokens of up to `padded_cols` columns. A state needs this: with work stealing a thread
+    /// can meet a matrix (say, the FFN down projection's wider rows) for the first time long
+    /// after warm-up, and growing then would allocate mid-decode.
+    pub fn for_shape(padded_cols: usize, batch: usize) -> Self {
+        let mut s = Self::for_cols(padded_cols);
+        let blocks = padded_cols.div_ceil(crate::formats::QK_K);
+        // The TQ2 one-token lane order (cols bytes) and the TQ1 digit orders (one token: whole
+        // 64-byte chunks of the row's blocks; more: per block).
+        let tq1_one = portable::tq1_row_chunks(blocks) * portable::TQ1_DIGIT_BLOCK;
+        let tq1_batch = batch * blocks * portable::TQ1_DIGIT_BLOCK;
+        s.x_reordered = AlignedBytes::zeroed(padded_cols.max(tq1_one).max(tq1_batch));
+        s
+    }
+
     fn ensure(&mut self, padded_cols: usize) {
         if self.codes.len() < padded_cols {
             self.codes = AlignedBytes::zeroed(padded_cols);

@@ -188,7 +188,7 @@ impl State {
             act_ffn,
             workers: (0..opts.threads)
                 .map(|i| Worker {
-                    kernel: KernelScratch::for_cols(padded),
+                    kernel: KernelScratch::for_shape(padded, rows),
                     scores: vec![0.0; opts.context],
                     vec: vec![0.0; hd],
                     rec: ThreadRecorder::off(i),
