@@ -82,8 +82,6 @@ pub struct Blocks<'s, 'a, T> {
     unit: usize,
     block_units: usize,
     units: usize,
-    /// Blocks taken from other threads.
-    stolen: usize,
 }
 
 impl<'a, T> Blocks<'_, 'a, T> {
@@ -110,7 +108,6 @@ impl<'a, T> Blocks<'_, 'a, T> {
                 };
                 match share.compare_exchange_weak(v, next, AcqRel, Acquire) {
                     Ok(_) => {
-                        self.stolen += usize::from(self.victim > 0);
                         let start = blocks.start * self.block_units;
                         let end = (blocks.end * self.block_units).min(self.units);
                         // SAFETY: each block index leaves its share exactly once (the CAS above
@@ -126,11 +123,6 @@ impl<'a, T> Blocks<'_, 'a, T> {
             self.victim += 1;
         }
         None
-    }
-
-    /// How many of the blocks this thread took were other threads'.
-    pub fn stolen(&self) -> usize {
-        self.stolen
     }
 }
 
@@ -284,7 +276,7 @@ impl WorkerPool {
         let scratch = DisjointParts::new(scratch);
         let shares = &*self.shares;
         self.run(&|i| {
-            let mut b = Blocks { parts: &parts, shares, me: i, victim: 0, unit, block_units, units, stolen: 0 };
+            let mut b = Blocks { parts: &parts, shares, me: i, victim: 0, unit, block_units, units };
             // SAFETY: scratch item i is used by thread i only, and `run` returns only when all
             // threads are done, while `scratch` is still exclusively borrowed by this call.
             f(&mut b, unsafe { scratch.item(i) });
