@@ -602,10 +602,11 @@ pub fn int8_rows_matmul(
 }
 
 /// One ISA's register tile of the int8-row matmul: rows `r..r+R` × tokens `b0..b0+G`, writing
-/// `out[i × batch + b]`; `PREFETCH`: software prefetch of the rows.
+/// `out[i × batch + b]`. `STREAM`: the R rows (stored back to back) are asked for in L2 as one
+/// ascending stream (`x86_avx2::prefetch_rows_l2`); otherwise each row's lines in L2 and L1.
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait Int8Tile {
-    unsafe fn tile<const R: usize, const G: usize, const PREFETCH: bool>(
+    unsafe fn tile<const R: usize, const G: usize, const STREAM: bool>(
         m: &crate::formats::Int8Rows,
         r: usize,
         x: &ActivationBatch,
@@ -617,12 +618,14 @@ pub(crate) trait Int8Tile {
 /// The int8-row matmul over `rows` with an ISA's tiles, inlined into that ISA's
 /// target-feature function.
 ///
-/// One token: one row at a time, so the rows (stored back to back) are read as a single
-/// sequential stream, which the hardware prefetcher follows at the probe's rate. Two rows per
-/// pass with software prefetch (the batched tiles) streamed the 2B4T LM head at 20–25 GB/s on
-/// one thread (AVX-512), one row without prefetch at 20–31 (mean 22.4 → 25.6 over 16 alternating
-/// rounds). Compute is no limit there. More tokens: two rows per pass share every activation
-/// load, up to four tokens per tile.
+/// One token: one row at a time, the rows (stored back to back) asked for in L2 as one ascending
+/// stream 16 KiB ahead. Memory is the limit there, not compute. In the model on Zen 5 (one
+/// thread, decode, three variants alternating), the LM head read: large (32002×1536) 28.7–32.2
+/// GB/s with no software prefetch (the hardware prefetcher alone), 34.9–35.3 like this, 35.8–35.9
+/// with two rows per pass in one stream; 2B4T (128256×2560) 33.2–33.3, 33.9–34.0 and 31.9–32.0.
+/// (On Zen 4 no software prefetch had measured best: 22.4 → 25.6 GB/s against two rows with
+/// per-row prefetches.)
+/// More tokens: two rows per pass share every activation load, up to four tokens per tile.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn int8_rows_tiled<T: Int8Tile>(
@@ -635,7 +638,7 @@ pub(crate) unsafe fn int8_rows_tiled<T: Int8Tile>(
     debug_assert_eq!(m.stride(), x.padded_cols());
     if batch == 1 {
         for (i, r) in rows.enumerate() {
-            T::tile::<1, 1, false>(m, r, x, 0, &mut out[i..]);
+            T::tile::<1, 1, true>(m, r, x, 0, &mut out[i..]);
         }
         return;
     }
@@ -647,14 +650,14 @@ pub(crate) unsafe fn int8_rows_tiled<T: Int8Tile>(
         while b0 < batch {
             let g = 4.min(batch - b0);
             match (two, g) {
-                (true, 1) => T::tile::<2, 1, true>(m, r, x, b0, o),
-                (true, 2) => T::tile::<2, 2, true>(m, r, x, b0, o),
-                (true, 3) => T::tile::<2, 3, true>(m, r, x, b0, o),
-                (true, _) => T::tile::<2, 4, true>(m, r, x, b0, o),
-                (false, 1) => T::tile::<1, 1, true>(m, r, x, b0, o),
-                (false, 2) => T::tile::<1, 2, true>(m, r, x, b0, o),
-                (false, 3) => T::tile::<1, 3, true>(m, r, x, b0, o),
-                (false, _) => T::tile::<1, 4, true>(m, r, x, b0, o),
+                (true, 1) => T::tile::<2, 1, false>(m, r, x, b0, o),
+                (true, 2) => T::tile::<2, 2, false>(m, r, x, b0, o),
+                (true, 3) => T::tile::<2, 3, false>(m, r, x, b0, o),
+                (true, _) => T::tile::<2, 4, false>(m, r, x, b0, o),
+                (false, 1) => T::tile::<1, 1, false>(m, r, x, b0, o),
+                (false, 2) => T::tile::<1, 2, false>(m, r, x, b0, o),
+                (false, 3) => T::tile::<1, 3, false>(m, r, x, b0, o),
+                (false, _) => T::tile::<1, 4, false>(m, r, x, b0, o),
             }
             b0 += g;
         }

@@ -312,6 +312,18 @@ pub(crate) unsafe fn prefetch_stream_span(p: *const u8, len: usize) {
     prefetch_stream(p.wrapping_add(len - 1));
 }
 
+/// One ascending stream over rows stored back to back, read R at a time, `step` bytes of each
+/// row per pass from offset `off`: asks for the lines of that stretch of the tile
+/// (`first_row + R·off ..`) [`PREFETCH_L2_BYTES`] ahead, into L2, one request per line.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_rows_l2<const R: usize>(first_row: *const u8, off: usize, step: usize) {
+    let mut at = (R * off).next_multiple_of(64);
+    while at < R * (off + step) {
+        _mm_prefetch::<_MM_HINT_T1>(first_row.wrapping_add(at + PREFETCH_L2_BYTES) as *const i8);
+        at += 64;
+    }
+}
+
 /// Prefetches for the block that starts at `p` is about to be read: one line into L2 far ahead,
 /// one into L1 near ahead.
 #[inline(always)]
@@ -1037,20 +1049,20 @@ struct Int8Avx2;
 
 impl super::Int8Tile for Int8Avx2 {
     #[inline(always)]
-    unsafe fn tile<const R: usize, const G: usize, const PREFETCH: bool>(
+    unsafe fn tile<const R: usize, const G: usize, const STREAM: bool>(
         m: &crate::formats::Int8Rows,
         r: usize,
         x: &ActivationBatch,
         b0: usize,
         out: &mut [f32],
     ) {
-        int8_tile::<R, G, PREFETCH>(m, r, x, b0, out)
+        int8_tile::<R, G, STREAM>(m, r, x, b0, out)
     }
 }
 
 /// Rows `r..r+R` × tokens `b0..b0+G` of an int8-row matrix; writes `out[i × batch + b]`.
 #[inline(always)]
-unsafe fn int8_tile<const R: usize, const G: usize, const PREFETCH: bool>(
+unsafe fn int8_tile<const R: usize, const G: usize, const STREAM: bool>(
     m: &crate::formats::Int8Rows,
     r: usize,
     x: &ActivationBatch,
@@ -1063,8 +1075,11 @@ unsafe fn int8_tile<const R: usize, const G: usize, const PREFETCH: bool>(
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
     let mut acc = [[_mm256_setzero_si256(); G]; R];
     for off in (0..m.stride()).step_by(32) {
+        if STREAM {
+            prefetch_rows_l2::<R>(codes[0], off, 32);
+        }
         let w: [__m256i; R] = std::array::from_fn(|i| {
-            if PREFETCH {
+            if !STREAM {
                 prefetch_stream(codes[i].add(off));
             }
             _mm256_xor_si256(load(codes[i].add(off)), flip)

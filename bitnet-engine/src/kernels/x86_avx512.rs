@@ -12,8 +12,8 @@ use super::portable::{
     i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_share, prefetch_stream,
-    prefetch_stream_span, times3_asm, tq1_rows_with,
+    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_share,
+    prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with,
 };
 use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -899,7 +899,7 @@ struct Int8Avx512;
 
 impl super::Int8Tile for Int8Avx512 {
     #[inline(always)]
-    unsafe fn tile<const R: usize, const G: usize, const PREFETCH: bool>(
+    unsafe fn tile<const R: usize, const G: usize, const STREAM: bool>(
         m: &crate::formats::Int8Rows,
         r: usize,
         x: &ActivationBatch,
@@ -907,19 +907,19 @@ impl super::Int8Tile for Int8Avx512 {
         out: &mut [f32],
     ) {
         if R == 1 && G == 1 {
-            int8_tile::<R, G, 4, PREFETCH>(m, r, x, b0, out)
+            int8_tile::<R, G, 4, STREAM>(m, r, x, b0, out)
         } else if R == 1 || G == 1 {
-            int8_tile::<R, G, 2, PREFETCH>(m, r, x, b0, out)
+            int8_tile::<R, G, 2, STREAM>(m, r, x, b0, out)
         } else {
-            int8_tile::<R, G, 1, PREFETCH>(m, r, x, b0, out)
+            int8_tile::<R, G, 1, STREAM>(m, r, x, b0, out)
         }
     }
 }
 
 /// Rows `r..r+R` × tokens `b0..b0+G` of an int8-row matrix; writes `out[i × batch + b]`.
-/// `PREFETCH`: software prefetch of the rows (the batched tiles; one token reads without).
+/// `STREAM`: see [`super::Int8Tile`].
 #[inline(always)]
-unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const PREFETCH: bool>(
+unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const STREAM: bool>(
     m: &crate::formats::Int8Rows,
     r: usize,
     x: &ActivationBatch,
@@ -931,8 +931,11 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const PREFET
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
     for (step, off) in (0..m.stride()).step_by(64).enumerate() {
+        if STREAM {
+            prefetch_rows_l2::<R>(codes[0], off, 64);
+        }
         let c: [__m512i; R] = std::array::from_fn(|i| {
-            if PREFETCH {
+            if !STREAM {
                 prefetch_stream(codes[i].add(off));
             }
             load(codes[i].add(off))
