@@ -760,6 +760,17 @@ pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
 
+/// Columns `cols` of a `[r_n, c_n]` f32 matrix, transposed into `dst` (`dst[c − cols.start][r] =
+/// src[r][c]`; `ops::transpose_cols_into_portable` is the definition): 8 × 8 tiles transposed in
+/// registers where the CPU has AVX2. Data movement only, so every path gives the same bytes.
+pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: Range<usize>, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return x86_avx2::transpose_cols_into(t, src, r_n, c_n, cols, dst);
+    }
+    crate::model::ops::transpose_cols_into_portable(src, r_n, c_n, cols, dst)
+}
+
 /// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for the widest ISA the CPU
 /// has, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
 /// took about 1 ns per element, on the caller thread while the others wait.
@@ -864,6 +875,38 @@ pub fn sum_words(words: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// The AVX2 tile transpose equals the plain loops on every shape class: whole tiles, row
+    /// and column edges, one row or column, and column ranges starting anywhere.
+    #[test]
+    fn transpose_tiles_equal_plain_loops() {
+        for r_n in [1usize, 7, 8, 9, 16, 23, 64, 130] {
+            for c_n in [1usize, 3, 8, 13, 16, 24, 33] {
+                let src: Vec<f32> = (0..r_n * c_n).map(|i| i as f32 * 0.5 - 3.0).collect();
+                for (a, b) in [(0, c_n), (0, c_n / 2), (c_n / 3, c_n), (1.min(c_n), c_n), (c_n / 2, c_n / 2)] {
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    let mut want = vec![f32::NAN; (b - a) * r_n];
+                    crate::model::ops::transpose_cols_into_portable(&src, r_n, c_n, a..b, &mut want);
+                    for r in 0..r_n {
+                        for c in a..b {
+                            assert_eq!(want[(c - a) * r_n + r], src[r * c_n + c]);
+                        }
+                    }
+                    let mut got = vec![f32::NAN; (b - a) * r_n];
+                    transpose_cols_into(&src, r_n, c_n, a..b, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{r_n}×{c_n} cols {a}..{b}");
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(t) = x86_avx2::Avx2::new() {
+                        let mut simd = vec![f32::NAN; (b - a) * r_n];
+                        x86_avx2::transpose_cols_into(t, &src, r_n, c_n, a..b, &mut simd);
+                        assert_eq!(bits(&simd), bits(&want), "avx2 {r_n}×{c_n} cols {a}..{b}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn gated_activation_is_bit_identical_to_the_portable_loop() {
         use crate::model::FfnActivation;

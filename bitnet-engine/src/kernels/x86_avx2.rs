@@ -312,6 +312,85 @@ pub(crate) unsafe fn prefetch_stream_span(p: *const u8, len: usize) {
     prefetch_stream(p.wrapping_add(len - 1));
 }
 
+/// Columns `cols` of a `[r_n, c_n]` matrix, transposed (see `kernels::transpose_cols_into`):
+/// whole 8 × 8 tiles in registers, the edges (rows past the last multiple of 8, columns past the
+/// last whole tile of `cols`) by the portable loop.
+pub(crate) fn transpose_cols_into(_t: Avx2, src: &[f32], r_n: usize, c_n: usize, cols: Range<usize>, dst: &mut [f32]) {
+    assert!(cols.start <= cols.end && cols.end <= c_n, "columns {cols:?} of {c_n}");
+    assert!(src.len() >= r_n * c_n && dst.len() >= cols.len() * r_n, "transpose buffers too short");
+    let rows_full = r_n / 8 * 8;
+    let cols_full = cols.start..cols.start + cols.len() / 8 * 8;
+    // SAFETY: the token proves AVX2; the asserts above bound every tile (see the impl).
+    unsafe { transpose_tiles(src, r_n, c_n, rows_full, cols_full.clone(), cols.start, dst) };
+    if rows_full < r_n {
+        // The last r_n − rows_full source rows, every column of `cols`.
+        for c in cols.clone() {
+            for r in rows_full..r_n {
+                dst[(c - cols.start) * r_n + r] = src[r * c_n + c];
+            }
+        }
+    }
+    if cols_full.end < cols.end {
+        for c in cols_full.end..cols.end {
+            for r in 0..rows_full {
+                dst[(c - cols.start) * r_n + r] = src[r * c_n + c];
+            }
+        }
+    }
+}
+
+/// Tiles rows `0..rows_full` (a multiple of 8) × columns `cols` (a multiple of 8 long) of a
+/// `[r_n, c_n]` source: eight 8-float rows in, eight 8-float columns out.
+///
+/// SAFETY: the caller guarantees `rows_full ≤ r_n`, `cols.end ≤ c_n`, `src.len() ≥ r_n·c_n` and
+/// `dst.len() ≥ (cols.end − first)·r_n`, so every load (row < rows_full, column < cols.end) and
+/// every store (destination row < cols.end − first, column < rows_full) is in bounds.
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_tiles(
+    src: &[f32],
+    r_n: usize,
+    c_n: usize,
+    rows_full: usize,
+    cols: Range<usize>,
+    first: usize,
+    dst: &mut [f32],
+) {
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    for r0 in (0..rows_full).step_by(8) {
+        for c0 in cols.clone().step_by(8) {
+            let v: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(s.add((r0 + i) * c_n + c0)));
+            // Pairs of rows interleaved, then pairs of pairs: each 128-bit half now holds four
+            // consecutive rows of one column; the lane permute joins the two halves.
+            let t = [
+                _mm256_unpacklo_ps(v[0], v[1]),
+                _mm256_unpackhi_ps(v[0], v[1]),
+                _mm256_unpacklo_ps(v[2], v[3]),
+                _mm256_unpackhi_ps(v[2], v[3]),
+                _mm256_unpacklo_ps(v[4], v[5]),
+                _mm256_unpackhi_ps(v[4], v[5]),
+                _mm256_unpacklo_ps(v[6], v[7]),
+                _mm256_unpackhi_ps(v[6], v[7]),
+            ];
+            let u: [__m256; 8] = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for j in 0..4 {
+                let out_lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
+                let out_hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
+                _mm256_storeu_ps(d.add((c0 - first + j) * r_n + r0), out_lo);
+                _mm256_storeu_ps(d.add((c0 - first + j + 4) * r_n + r0), out_hi);
+            }
+        }
+    }
+}
+
 /// One ascending stream over rows stored back to back, read R at a time, `step` bytes of each
 /// row per pass from offset `off`: asks for the lines of that stretch of the tile
 /// (`first_row + R·off ..`) [`PREFETCH_L2_BYTES`] ahead, into L2, one request per line.

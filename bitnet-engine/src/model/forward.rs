@@ -8,14 +8,12 @@ use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
-    attention_scores, attention_weighted_sum, int8_rows_matmul, rms_norm_in_place, rms_norm_rows, Kernel, KernelFamily,
-    KernelForm, KernelScratch,
+    attention_scores, attention_weighted_sum, int8_rows_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into,
+    Kernel, KernelFamily, KernelForm, KernelScratch,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
-use crate::model::ops::{
-    add_in_place, dot16, rope, rope_angles, softmax_in_place, transpose_cols_into, transpose_into,
-};
+use crate::model::ops::{add_in_place, dot16, rope, rope_angles, softmax_in_place, transpose_into};
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
 

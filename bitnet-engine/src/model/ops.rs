@@ -43,18 +43,25 @@ pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `dst[c][r] = src[r][c]` for a `[r_n, c_n]` source, in 8 × 8 tiles so that both sides are
-/// read and written a cache line at a time.
+/// read and written a cache line at a time ([`crate::kernels::transpose_cols_into`]).
 pub(crate) fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32]) {
     if c_n == 1 {
         dst[..r_n].copy_from_slice(&src[..r_n]);
         return;
     }
-    transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
+    crate::kernels::transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
 }
 
 /// Columns `cols` of a `[r_n, c_n]` source, transposed: `dst[c − cols.start][r] = src[r][c]`
-/// (one thread's share of [`transpose_into`]: its rows of the destination).
-pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: std::ops::Range<usize>, dst: &mut [f32]) {
+/// (one thread's share of [`transpose_into`]: its rows of the destination). Plain loops over
+/// 8 × 8 tiles: the oracle of, and the fallback for, the SIMD tiles in `kernels`.
+pub(crate) fn transpose_cols_into_portable(
+    src: &[f32],
+    r_n: usize,
+    c_n: usize,
+    cols: std::ops::Range<usize>,
+    dst: &mut [f32],
+) {
     const T: usize = 8;
     debug_assert!(cols.end <= c_n && dst.len() >= cols.len() * r_n);
     for r0 in (0..r_n).step_by(T) {
@@ -307,8 +314,8 @@ mod tests {
             for cut in 0..=c_n {
                 let mut parts = vec![-1.0; r_n * c_n];
                 let (a, b) = parts.split_at_mut(cut * r_n);
-                transpose_cols_into(&src, r_n, c_n, 0..cut, a);
-                transpose_cols_into(&src, r_n, c_n, cut..c_n, b);
+                transpose_cols_into_portable(&src, r_n, c_n, 0..cut, a);
+                transpose_cols_into_portable(&src, r_n, c_n, cut..c_n, b);
                 assert_eq!(parts, dst, "{r_n}×{c_n} cut at {cut}");
             }
         }
