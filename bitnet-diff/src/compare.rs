@@ -223,6 +223,26 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         }
     };
     diff("CPU model", a.system.cpu_model.clone(), b.system.cpu_model.clone());
+    // VMs may give every CPU generation one name (our Zen 4 and Zen 5 VMs both say "AMD EPYC",
+    // with up to 2x apart in bandwidth and multiply-add rate); caches and features tell them
+    // apart. Compared only where both reports know them (an imported llama-bench report doesn't).
+    for (what, x, y) in [
+        ("L1d cache", a.system.l1d_kib, b.system.l1d_kib),
+        ("L2 cache", a.system.l2_kib, b.system.l2_kib),
+        ("L3 cache", a.system.l3_kib, b.system.l3_kib),
+    ] {
+        if let (Some(x), Some(y)) = (x, y) {
+            diff(what, format!("{x} KiB"), format!("{y} KiB"));
+        }
+    }
+    if !a.system.cpu_features.is_empty() && !b.system.cpu_features.is_empty() {
+        let features = |r: &Report| {
+            let mut f = r.system.cpu_features.clone();
+            f.sort();
+            f.join(",")
+        };
+        diff("CPU feature list", features(a), features(b));
+    }
     diff("physical cores", a.system.physical_cores.to_string(), b.system.physical_cores.to_string());
     diff("logical CPUs", a.system.logical_cpus.to_string(), b.system.logical_cpus.to_string());
     diff("ISA", a.system.isa.join(","), b.system.isa.join(","));

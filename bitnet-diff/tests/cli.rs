@@ -93,6 +93,22 @@ fn added_removed_and_environment() {
     let (code, _, err) = run(&[&data("quiet.json"), &other_cpu, "--strict-env"]);
     assert_eq!(code, 2);
     assert!(err.contains("--strict-env") && err.contains("CPU model"), "{err}");
+    // The same CPU name on another generation: told apart by its caches and features.
+    let other_gen = edited(&d, "gen.json", |v| {
+        v["system"]["l1d_kib"] = 48.into();
+        v["system"]["cpu_features"].as_array_mut().unwrap().push("avx512_vp2intersect".into());
+    });
+    let (code, _, err) = run(&[&data("quiet.json"), &other_gen]);
+    assert_eq!(code, 0);
+    assert!(err.contains("warning: L1d cache differs: 32 KiB vs 48 KiB"), "{err}");
+    assert!(err.contains("warning: CPU feature list differs"), "{err}");
+    // Unknown on one side (as in an imported llama-bench report): not a difference.
+    let unknown = edited(&d, "unknown.json", |v| {
+        v["system"]["l1d_kib"] = serde_json::Value::Null;
+        v["system"]["cpu_features"] = serde_json::json!([]);
+    });
+    let (_, _, err) = run(&[&data("quiet.json"), &unknown]);
+    assert!(!err.contains("L1d cache") && !err.contains("CPU feature list"), "{err}");
     let other_model = edited(&d, "model.json", |v| {
         for r in v["results"].as_array_mut().unwrap() {
             r["config"]["model"] = "other".into();
