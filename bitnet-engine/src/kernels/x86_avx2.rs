@@ -314,7 +314,7 @@ pub(crate) unsafe fn prefetch_stream_span(p: *const u8, len: usize) {
 
 /// Columns `cols` of a `[r_n, c_n]` matrix, transposed (see `kernels::transpose_cols_into`):
 /// whole 8 × 8 tiles in registers, the edges (rows past the last multiple of 8, columns past the
-/// last whole tile of `cols`) by the portable loop.
+/// last whole tile of `cols`) by plain loops.
 pub(crate) fn transpose_cols_into(_t: Avx2, src: &[f32], r_n: usize, c_n: usize, cols: Range<usize>, dst: &mut [f32]) {
     assert!(cols.start <= cols.end && cols.end <= c_n, "columns {cols:?} of {c_n}");
     assert!(src.len() >= r_n * c_n && dst.len() >= cols.len() * r_n, "transpose buffers too short");
@@ -322,21 +322,17 @@ pub(crate) fn transpose_cols_into(_t: Avx2, src: &[f32], r_n: usize, c_n: usize,
     let cols_full = cols.start..cols.start + cols.len() / 8 * 8;
     // SAFETY: the token proves AVX2; the asserts above bound every tile (see the impl).
     unsafe { transpose_tiles(src, r_n, c_n, rows_full, cols_full.clone(), cols.start, dst) };
-    if rows_full < r_n {
-        // The last r_n − rows_full source rows, every column of `cols`.
-        for c in cols.clone() {
-            for r in rows_full..r_n {
+    // The edges, by plain loops (empty ranges where the tiles covered everything): the last
+    // r_n − rows_full rows in every column of `cols`, then the columns past the last whole tile.
+    let mut plain = |cs: Range<usize>, rs: Range<usize>| {
+        for c in cs {
+            for r in rs.clone() {
                 dst[(c - cols.start) * r_n + r] = src[r * c_n + c];
             }
         }
-    }
-    if cols_full.end < cols.end {
-        for c in cols_full.end..cols.end {
-            for r in 0..rows_full {
-                dst[(c - cols.start) * r_n + r] = src[r * c_n + c];
-            }
-        }
-    }
+    };
+    plain(cols.clone(), rows_full..r_n);
+    plain(cols_full.end..cols.end, 0..rows_full);
 }
 
 /// Tiles rows `0..rows_full` (a multiple of 8) × columns `cols` (a multiple of 8 long) of a
