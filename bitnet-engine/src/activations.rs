@@ -261,6 +261,16 @@ impl ActivationBatch {
     pub fn sum(&self, b: usize) -> i32 {
         self.sums[b]
     }
+    /// Every token's scale, token b at index b.
+    #[inline]
+    pub fn scales(&self) -> &[f32] {
+        &self.scales[..self.batch]
+    }
+    /// Every token's sum of its int8 values, token b at index b.
+    #[inline]
+    pub fn sums(&self) -> &[i32] {
+        &self.sums[..self.batch]
+    }
     /// Token `b`'s sums per 256-column block.
     #[inline]
     pub fn block_sums(&self, b: usize) -> &[i32] {

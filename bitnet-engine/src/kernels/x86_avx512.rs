@@ -108,13 +108,20 @@ unsafe fn store(p: *mut u8, v: __m512i) {
 /// Codes `(v >> 2n) & 3` for n = 0..4.
 #[inline(always)]
 unsafe fn split4(v: __m512i) -> [__m512i; 4] {
-    let m = _mm512_set1_epi8(3);
-    [
-        _mm512_and_si512(v, m),
-        _mm512_and_si512(_mm512_srli_epi16::<2>(v), m),
-        _mm512_and_si512(_mm512_srli_epi16::<4>(v), m),
-        _mm512_and_si512(_mm512_srli_epi16::<6>(v), m),
-    ]
+    std::array::from_fn(|n| i2_field(v, n))
+}
+
+/// Codes `(v >> 2n) & 3`: field n of every byte of an I2 block, the codes of its weights
+/// 64n..64n+64. `n` is a constant wherever this is inlined (an unrolled loop).
+#[inline(always)]
+unsafe fn i2_field(v: __m512i, n: usize) -> __m512i {
+    let shifted = match n {
+        0 => v,
+        1 => _mm512_srli_epi16::<2>(v),
+        2 => _mm512_srli_epi16::<4>(v),
+        _ => _mm512_srli_epi16::<6>(v),
+    };
+    _mm512_and_si512(shifted, _mm512_set1_epi8(3))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
@@ -131,18 +138,18 @@ unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
 /// is broadcast to both 256-bit lanes and shifted by a different amount per lane.
 #[inline(always)]
 unsafe fn tq2_codes(qs: *const u8) -> [__m512i; 4] {
-    let m = _mm512_set1_epi8(3);
-    // 16-bit lane shifts: lanes 0..16 (bytes 0..32) by s0, lanes 16..32 by s1.
-    let s01 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
-    let s23 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
-    let lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs as *const __m256i));
-    let hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32) as *const __m256i));
-    [
-        _mm512_and_si512(_mm512_srlv_epi16(lo, s01), m),
-        _mm512_and_si512(_mm512_srlv_epi16(lo, s23), m),
-        _mm512_and_si512(_mm512_srlv_epi16(hi, s01), m),
-        _mm512_and_si512(_mm512_srlv_epi16(hi, s23), m),
-    ]
+    std::array::from_fn(|v| tq2_code_vector(qs, v))
+}
+
+/// Code vector v of [`tq2_codes`] alone: half v / 2 of the block broadcast, shifted by 0 and 2
+/// (even v) or 4 and 6 (odd v) per 256-bit lane.
+#[inline(always)]
+unsafe fn tq2_code_vector(qs: *const u8, v: usize) -> __m512i {
+    // 16-bit lane shifts: lanes 0..16 (bytes 0..32) by the first, lanes 16..32 by the second.
+    let (s0, s1) = if v.is_multiple_of(2) { (0, 2) } else { (4, 6) };
+    let shifts = _mm512_inserti64x4::<1>(_mm512_set1_epi16(s0), _mm256_set1_epi16(s1));
+    let half = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * (v / 2)) as *const __m256i));
+    _mm512_and_si512(_mm512_srlv_epi16(half, shifts), _mm512_set1_epi8(3))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
@@ -216,91 +223,147 @@ unsafe fn reduce_acc<const A: usize>(acc: &[__m512i; A]) -> i32 {
     _mm512_reduce_add_epi32(s)
 }
 
-/// Tokens processed together per pass over a weight row.
+/// Tokens processed together per pass over a weight row by the decode-once TQ1_0 and the
+/// block-scaled TQ2_0 kernels.
 const GROUP: usize = 8;
 
-/// Runs `$tile::<R, G, A>(w, r, x, b0, out)` over all tokens in groups of up to [`GROUP`]:
-/// R = 2 rows if `$two`, else 1; A accumulators so that R·G·A ≤ 16 (one row, one token: 4).
-macro_rules! code_tiles {
-    ($tile:ident, $two:expr, $w:expr, $r:expr, $x:expr, $out:expr) => {{
-        let batch = $x.batch();
+/// Rows and tokens of a batched integer tile ([`code_tile`]): 4 × 4 accumulators, so that each
+/// activation load feeds four `vpdpbusd` and each code vector four, with the codes of one
+/// field of four rows and one activation vector beside them in registers.
+const TILE_ROWS: usize = 4;
+const TILE_TOKENS: usize = 4;
+
+/// Weight bytes of a row block of the batched tiles ([`batched_tiles`]). The first token
+/// group reads the block from memory, the later groups find it in L2 (1 MiB on Zen 5, 2 MiB
+/// on Sapphire Rapids; 512 KiB on older cores).
+const ROW_BLOCK_BYTES: usize = 128 * 1024;
+
+/// Calls `tile(r, rows_left, b0, g, first)` over rows × tokens of a batched (B > 1) matmul:
+/// blocks of rows of about [`ROW_BLOCK_BYTES`]; in each block, the tokens in groups of up to
+/// [`TILE_TOKENS`] (`first` for the first group, which streams the block from memory); in each
+/// group, the rows from `r` on, `rows_left` (≤ [`TILE_ROWS`]) of them still in the block. `tile`
+/// returns how many rows it did.
+///
+/// Why blocks: with all 8 tokens in one pass, the tile needs 32 accumulators (or two rows per
+/// pass and four code vectors per row, the kernel before this one), and a 6912-wide token
+/// group of 8 is 55 KiB of activations, more than Zen 5's 48 KiB L1d, so every activation
+/// load went to L2. Four tokens' activations stay in L1 and the block's rows are read from
+/// memory once. Standalone copies of the tiles, 256 MiB of I2 rows per pass from DRAM, one Zen 5
+/// core, 8 tokens (vpdpbusd peak 505 GMAC/s): 6912×2560 292 -> 431 GMAC/s, 2560×6912 227 ->
+/// 436, 4096×1536 333 -> 392, 1536×4096 220 -> 443.
+#[inline(always)]
+fn batched_tiles(
+    rows: Range<usize>,
+    row_bytes: usize,
+    batch: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize, bool) -> usize,
+) {
+    let block_rows = (ROW_BLOCK_BYTES / row_bytes.max(1)).max(TILE_ROWS) / TILE_ROWS * TILE_ROWS;
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = rows.end.min(start + block_rows);
         let mut b0 = 0;
         while b0 < batch {
-            let g = GROUP.min(batch - b0);
-            match ($two, g) {
-                (true, 1) => $tile::<2, 1, 2>($w, $r, $x, b0, $out),
-                (true, 2) => $tile::<2, 2, 2>($w, $r, $x, b0, $out),
-                (true, 3) => $tile::<2, 3, 2>($w, $r, $x, b0, $out),
-                (true, 4) => $tile::<2, 4, 2>($w, $r, $x, b0, $out),
-                (true, 5) => $tile::<2, 5, 1>($w, $r, $x, b0, $out),
-                (true, 6) => $tile::<2, 6, 1>($w, $r, $x, b0, $out),
-                (true, 7) => $tile::<2, 7, 1>($w, $r, $x, b0, $out),
-                (true, 8) => $tile::<2, 8, 1>($w, $r, $x, b0, $out),
-                (false, 1) => $tile::<1, 1, 4>($w, $r, $x, b0, $out),
-                (false, 2) => $tile::<1, 2, 2>($w, $r, $x, b0, $out),
-                (false, 3) => $tile::<1, 3, 2>($w, $r, $x, b0, $out),
-                (false, 4) => $tile::<1, 4, 2>($w, $r, $x, b0, $out),
-                (false, 5) => $tile::<1, 5, 1>($w, $r, $x, b0, $out),
-                (false, 6) => $tile::<1, 6, 1>($w, $r, $x, b0, $out),
-                (false, 7) => $tile::<1, 7, 1>($w, $r, $x, b0, $out),
-                (false, 8) => $tile::<1, 8, 1>($w, $r, $x, b0, $out),
-                _ => unreachable!("group sizes are 1..=8"),
+            let g = TILE_TOKENS.min(batch - b0);
+            let mut r = start;
+            while r < end {
+                r += tile(r, TILE_ROWS.min(end - r), b0, g, b0 == 0);
             }
             b0 += g;
         }
+        start = end;
+    }
+}
+
+/// Runs `$tile::<R, G>($args…)` for the row count R ∈ {4, 2, 1} (the largest ≤ `$rows`) and
+/// token count `$g` ∈ 1..=4 of a [`batched_tiles`] step; evaluates to R.
+macro_rules! code_tile_for {
+    ($tile:ident, $rows:expr, $g:expr, ($($arg:expr),*)) => {{
+        let rows = match $rows {
+            0 => unreachable!("a tile has rows"),
+            1 => 1,
+            2 | 3 => 2,
+            _ => 4,
+        };
+        match (rows, $g) {
+            (4, 1) => $tile::<4, 1>($($arg),*),
+            (4, 2) => $tile::<4, 2>($($arg),*),
+            (4, 3) => $tile::<4, 3>($($arg),*),
+            (4, 4) => $tile::<4, 4>($($arg),*),
+            (2, 1) => $tile::<2, 1>($($arg),*),
+            (2, 2) => $tile::<2, 2>($($arg),*),
+            (2, 3) => $tile::<2, 3>($($arg),*),
+            (2, 4) => $tile::<2, 4>($($arg),*),
+            (1, 1) => $tile::<1, 1>($($arg),*),
+            (1, 2) => $tile::<1, 2>($($arg),*),
+            (1, 3) => $tile::<1, 3>($($arg),*),
+            (1, 4) => $tile::<1, 4>($($arg),*),
+            _ => unreachable!("token groups are 1..=4"),
+        }
+        rows
     }};
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    // Register tiles of R rows × G tokens × A accumulators (≤ 16 accumulators + 4R codes in the
-    // 32 zmm registers). Two rows per pass let every activation load feed two vpdpbusd, which
-    // matters because the loads, not the multiply-adds, limit the batched case. One token takes
-    // four rows per pass (16 accumulators, codes masked as they are used): the per-row
-    // epilogue weighed as much as the loop on short rows (K = 1536: 6 blocks).
+    if batch > 1 {
+        let out_start = rows.start;
+        batched_tiles(rows, w.row_bytes(), batch, |r, left, b0, g, first| {
+            let o = &mut out[(r - out_start) * batch..];
+            code_tile_for!(i2_tile, left, g, (w, r, x, b0, first, o))
+        });
+        return;
+    }
+    // One token: four rows per pass (16 accumulators, codes masked as they are used): the
+    // per-row epilogue weighed as much as the loop on short rows (K = 1536: 6 blocks).
     let mut r = rows.start;
     while r < rows.end {
-        let two = r + 2 <= rows.end;
-        let o = &mut out[(r - rows.start) * batch..];
-        if batch == 1 {
-            if r + 4 <= rows.end {
-                i2_masked_rows::<4>(w, r, x, o);
-                r += 4;
-                continue;
-            }
-            if two {
-                i2_masked_rows::<2>(w, r, x, o);
-            } else {
-                i2_masked_rows::<1>(w, r, x, o);
-            }
-            r += if two { 2 } else { 1 };
-            continue;
+        let o = &mut out[r - rows.start..];
+        if r + 4 <= rows.end {
+            i2_masked_rows::<4>(w, r, x, o);
+            r += 4;
+        } else if r + 2 <= rows.end {
+            i2_masked_rows::<2>(w, r, x, o);
+            r += 2;
+        } else {
+            i2_masked_rows::<1>(w, r, x, o);
+            r += 1;
         }
-        code_tiles!(i2_tile, two, w, r, x, o);
-        r += if two { 2 } else { 1 };
     }
 }
 
 /// Rows `r..r+R` × tokens `b0..b0+G` of an I2 matrix ([`code_tile`] over its full blocks, then
 /// the tail). Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
+unsafe fn i2_tile<const R: usize, const G: usize>(
     w: &I2Matrix,
     r: usize,
     x: &ActivationBatch,
     b0: usize,
+    prefetch: bool,
     out: &mut [f32],
 ) {
     let batch = x.batch();
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
-    let sums = code_tile::<R, G, A, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs);
+    let sums = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
+    if G == TILE_TOKENS && t == 0 {
+        // Four tokens and no tail, the common case: finish_tensor lane by lane, the same two
+        // f32 multiplies in the same order, four outputs per row stored at once.
+        let xsum = _mm512_broadcast_i32x4(_mm_loadu_si128(x.sums()[b0..b0 + 4].as_ptr() as *const __m128i));
+        let xscale = _mm512_broadcast_f32x4(_mm_loadu_ps(x.scales()[b0..b0 + 4].as_ptr()));
+        let f = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, xsum));
+        let f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(w.scale())), xscale);
+        store_row_quads::<R>(f, out, batch, b0);
+        return;
+    }
+    let sums = lanes_i32(sums);
     for i in 0..R {
         for g in 0..G {
             let b = b0 + g;
-            let mut isum = sums[i][g];
+            let mut isum = sums[i * G + g];
             if t > 0 {
                 isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
             }
@@ -309,41 +372,110 @@ unsafe fn i2_tile<const R: usize, const G: usize, const A: usize>(
     }
 }
 
-/// Integer dot products of R rows × G tokens over `blocks` blocks of 256 2-bit codes, `stride`
-/// bytes apart in each row: an I2 block (64 bytes, [`split4`]) or, with `TQ2`, a TQ2_0 block
-/// (66 bytes, [`tq2_codes`]). Each row's block is unpacked into four code vectors once, and
-/// each 64-byte activation chunk is loaded once for all R rows; A accumulators per row and
-/// token hide vpdpbusd latency (R·G·A ≤ 16, plus 4R codes, in the 32 zmm registers).
+/// Stores 128-bit lane i of `f` (row i's four tokens) at `out[i·batch + b0..][..4]`, i < R.
 #[inline(always)]
-unsafe fn code_tile<const R: usize, const G: usize, const A: usize, const TQ2: bool>(
+unsafe fn store_row_quads<const R: usize>(f: __m512, out: &mut [f32], batch: usize, b0: usize) {
+    let lanes: [__m128; 4] = std::mem::transmute(f);
+    for i in 0..R {
+        let dst = &mut out[i * batch + b0..i * batch + b0 + 4];
+        _mm_storeu_ps(dst.as_mut_ptr(), lanes[i]);
+    }
+}
+
+/// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit
+/// codes, `stride` bytes apart in each row: an I2 block (64 bytes, [`i2_field`]) or, with
+/// `TQ2`, a TQ2_0 block (66 bytes, [`tq2_code_vector`]). Field by field: the R rows' code
+/// vectors of field n, then each token's 64 activations of that field, loaded once for all R
+/// rows. One accumulator per row and token (R·G ≤ 16: 16 chains hide vpdpbusd's latency at two
+/// per cycle). With `prefetch`, the R rows are prefetched as one ascending stream (as in
+/// [`masked_rows_sums`]); later token groups of a row block read them from L2. Returns the
+/// sums in one vector, row i and token g in lane `i·G + g` ([`reduce16`]).
+#[inline(always)]
+unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
     src: [*const u8; R],
     stride: usize,
     blocks: usize,
     xs: [*const u8; G],
-) -> [[i32; G]; R] {
-    let mut acc = [[[_mm512_setzero_si512(); A]; G]; R];
+    prefetch: bool,
+) -> __m512i {
+    let mut acc = [[_mm512_setzero_si512(); G]; R];
     for blk in 0..blocks {
         let off = blk * stride;
-        let c: [[__m512i; 4]; R] = std::array::from_fn(|i| {
-            if TQ2 {
-                prefetch_stream_span(src[i].add(off), stride);
-                tq2_codes(src[i].add(off))
-            } else {
-                prefetch_stream(src[i].add(off));
-                split4(load(src[i].add(off)))
+        if prefetch {
+            for i in 0..R + TQ2 as usize {
+                prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
             }
-        });
-        for g in 0..G {
-            let xb = xs[g].add(blk * QK_K);
-            for n in 0..4 {
-                let xv = load(xb.add(64 * n));
+        }
+        // Plain loops, not array::from_fn (see reduce16).
+        let mut raw = [_mm512_setzero_si512(); R];
+        if !TQ2 {
+            for i in 0..R {
+                raw[i] = load(src[i].add(off));
+            }
+        }
+        for n in 0..4 {
+            let mut c = [_mm512_setzero_si512(); R];
+            for i in 0..R {
+                c[i] = if TQ2 { tq2_code_vector(src[i].add(off), n) } else { i2_field(raw[i], n) };
+            }
+            for g in 0..G {
+                let xv = load(xs[g].add(blk * QK_K + 64 * n));
                 for i in 0..R {
-                    acc[i][g][n % A] = _mm512_dpbusd_epi32(acc[i][g][n % A], c[i][n], xv);
+                    acc[i][g] = _mm512_dpbusd_epi32(acc[i][g], c[i], xv);
                 }
             }
         }
     }
-    std::array::from_fn(|i| std::array::from_fn(|g| reduce_acc(&acc[i][g])))
+    reduce16(acc)
+}
+
+/// The lane sums of the R × G (≤ 16) accumulators in one vector: lane `i·G + g` holds the sum of
+/// `acc[i][g]`'s lanes, lanes past R·G zero. A transposing tree: adjacent accumulators are
+/// interleaved and added 32 bits, then 64 bits, then 128-bit lanes at a time, 15 adds and
+/// 30 shuffles for 16 sums, where one reduction each took 4 adds and 4 shuffles plus a move
+/// to a scalar register. On 4 × 4 tiles of 2560-wide rows (10 blocks, 640 vpdpbusd) the
+/// per-tile epilogue had been about 30% of the kernel's time.
+#[inline(always)]
+unsafe fn reduce16<const R: usize, const G: usize>(acc: [[__m512i; G]; R]) -> __m512i {
+    const { assert!(R * G <= 16) };
+    // Plain loops, not array::from_fn: its closures are not always inlined, and out of line
+    // they lose this function's target features (each intrinsic became a call).
+    let mut v = [_mm512_setzero_si512(); 16];
+    for i in 0..R {
+        for g in 0..G {
+            v[i * G + g] = acc[i][g];
+        }
+    }
+    // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3].
+    let mut w = [_mm512_setzero_si512(); 8];
+    for k in 0..8 {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        w[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    }
+    // Per 128-bit lane: one partial sum of each of four accumulators, in order.
+    let mut x = [_mm512_setzero_si512(); 4];
+    for k in 0..4 {
+        let (c, d) = (w[2 * k], w[2 * k + 1]);
+        x[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(c, d), _mm512_unpackhi_epi64(c, d));
+    }
+    // 128-bit lanes (0 + 1, 2 + 3) of x[2k] then of x[2k + 1].
+    let mut u = [_mm512_setzero_si512(); 2];
+    for k in 0..2 {
+        let (e, f) = (x[2 * k], x[2 * k + 1]);
+        u[k] =
+            _mm512_add_epi32(_mm512_shuffle_i64x2::<0b10_00_10_00>(e, f), _mm512_shuffle_i64x2::<0b11_01_11_01>(e, f));
+    }
+    // 128-bit lane m: the sums of accumulators 4m..4m + 4.
+    _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(u[0], u[1]),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(u[0], u[1]),
+    )
+}
+
+/// Lanes of an i32 vector as an array.
+#[inline(always)]
+unsafe fn lanes_i32(v: __m512i) -> [i32; 16] {
+    std::mem::transmute(v)
 }
 
 /// The mask of 2-bit field n of every byte, `3 << 2n`: `v & mask` leaves the field in place,
@@ -446,20 +578,41 @@ unsafe fn tq2_fused(
     scratch: &mut KernelScratch,
 ) {
     let batch = x.batch();
-    if batch == 1 {
-        let k = w.cols();
-        if scratch.x_reordered.len() < k {
-            scratch.x_reordered = AlignedBytes::zeroed(k);
-        }
-        tq2_lane_order(&x.token(0)[..k], &mut scratch.x_reordered.as_i8_mut()[..k]);
+    if batch > 1 {
+        let out_start = rows.start;
+        let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
+        batched_tiles(rows, row_bytes, batch, |r, left, b0, g, first| {
+            let o = &mut out[(r - out_start) * batch..];
+            // Rows with one scale for all their blocks take the integer tiles, as I2 (in
+            // runs of up to four); a row with a scale per block takes the f64 kernel.
+            let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
+            if uniform > 0 {
+                return code_tile_for!(tq2_uniform_tile, uniform, g, (w, r, x, b0, first, o));
+            }
+            let o = &mut o[..batch];
+            match g {
+                1 => tq2_group::<1>(w, r, x, b0, o),
+                2 => tq2_group::<2>(w, r, x, b0, o),
+                3 => tq2_group::<3>(w, r, x, b0, o),
+                _ => tq2_group::<TILE_TOKENS>(w, r, x, b0, o),
+            }
+            1
+        });
+        return;
     }
+    // One token: the activations in the codes' lane order, once per call.
+    let k = w.cols();
+    if scratch.x_reordered.len() < k {
+        scratch.x_reordered = AlignedBytes::zeroed(k);
+    }
+    tq2_lane_order(&x.token(0)[..k], &mut scratch.x_reordered.as_i8_mut()[..k]);
     let xl = scratch.x_reordered.as_slice().as_ptr();
     let mut r = rows.start;
     while r < rows.end {
         let i = r - rows.start;
         // One token: up to four uniform rows per pass, so that every activation load and row
         // epilogue serves them all (as in i2_masked_rows).
-        if batch == 1 && w.row_has_uniform_scale(r) {
+        if w.row_has_uniform_scale(r) {
             let uniform = (r + 1..rows.end.min(r + 4)).take_while(|&j| w.row_has_uniform_scale(j)).count() + 1;
             let tile = match uniform {
                 4 => 4,
@@ -474,29 +627,7 @@ unsafe fn tq2_fused(
             r += tile;
             continue;
         }
-        if w.row_has_uniform_scale(r) {
-            // More tokens, one scale per row: integer tiles as for I2, two rows per pass where
-            // the next row is uniform too.
-            let two = r + 2 <= rows.end && w.row_has_uniform_scale(r + 1);
-            code_tiles!(tq2_uniform_tile, two, w, r, x, &mut out[i * batch..]);
-            r += if two { 2 } else { 1 };
-            continue;
-        }
-        let o = &mut out[i * batch..(i + 1) * batch];
-        let mut b0 = 0;
-        while b0 < batch {
-            match batch - b0 {
-                1 => tq2_group::<1>(w, r, x, b0, o),
-                2 => tq2_group::<2>(w, r, x, b0, o),
-                3 => tq2_group::<3>(w, r, x, b0, o),
-                4 => tq2_group::<4>(w, r, x, b0, o),
-                5 => tq2_group::<5>(w, r, x, b0, o),
-                6 => tq2_group::<6>(w, r, x, b0, o),
-                7 => tq2_group::<7>(w, r, x, b0, o),
-                _ => tq2_group::<GROUP>(w, r, x, b0, o),
-            }
-            b0 += GROUP.min(batch - b0);
-        }
+        tq2_group::<1>(w, r, x, 0, &mut out[i..i + 1]);
         r += 1;
     }
 }
@@ -557,22 +688,44 @@ unsafe fn tq2_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch
 /// integer below 2^31, exact in f64), so the rows are summed in integers like I2
 /// ([`code_tile`]) and scaled once. Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn tq2_uniform_tile<const R: usize, const G: usize, const A: usize>(
+unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     w: &Tq2Matrix,
     r: usize,
     x: &ActivationBatch,
     b0: usize,
+    prefetch: bool,
     out: &mut [f32],
 ) {
     let batch = x.batch();
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
-    let sums = code_tile::<R, G, A, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs);
+    let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
+    let d: [f64; R] = std::array::from_fn(|i| f16_to_f64(w.row(r + i)[0].d));
+    if G == TILE_TOKENS {
+        // Four tokens: finish_blocks lane by lane, the same f64 multiply, rounding to f32 and
+        // f32 multiply, four outputs per row stored at once.
+        let xsum = _mm512_broadcast_i32x4(_mm_loadu_si128(x.sums()[b0..b0 + 4].as_ptr() as *const __m128i));
+        let xscale = _mm512_broadcast_f32x4(_mm_loadu_ps(x.scales()[b0..b0 + 4].as_ptr()));
+        let diff = _mm512_sub_epi32(sums, xsum);
+        // Rows 0 and 1 in lanes 0..8, rows 2 and 3 in lanes 8..16 (zero past R).
+        let dv = |i: usize| _mm256_set1_pd(if i < R { d[i] } else { 0.0 });
+        let d01 = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dv(0)), dv(1));
+        let d23 = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dv(2)), dv(3));
+        let lo = _mm512_cvtpd_ps(_mm512_mul_pd(d01, _mm512_cvtepi32_pd(_mm512_castsi512_si256(diff))));
+        let hi = _mm512_cvtpd_ps(_mm512_mul_pd(d23, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(diff))));
+        // (inserti64x4: AVX-512F; the f32x8 insert would need DQ, which the token does not prove)
+        let f = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_castps_si256(lo)),
+            _mm256_castps_si256(hi),
+        ));
+        store_row_quads::<R>(_mm512_mul_ps(f, xscale), out, batch, b0);
+        return;
+    }
+    let sums = lanes_i32(sums);
     for i in 0..R {
-        let d = f16_to_f64(w.row(r + i)[0].d);
         for g in 0..G {
             let b = b0 + g;
-            out[i * batch + b] = finish_blocks(d * (sums[i][g] - x.sum(b)) as f64, x.scale(b));
+            out[i * batch + b] = finish_blocks(d[i] * (sums[i * G + g] - x.sum(b)) as f64, x.scale(b));
         }
     }
 }
