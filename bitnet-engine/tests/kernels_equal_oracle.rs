@@ -251,35 +251,47 @@ fn tq2_with_varied_block_scales_equals_oracle() {
 fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
     // The in-register TQ1 kernels must agree with llama.cpp's digit formula on every byte value,
     // not only on the ones the quantizer writes; and rows with per-block scales (their generic
-    // path) sit next to uniform rows (the integer paths, one or two rows at a time).
-    let (n, k) = (23, 2560);
-    let per_row = k / QK_K;
-    let mut g = SplitMix64::new(21);
-    let mut byte = || (g.next_u64() >> 56) as u8;
-    let mut all_values = (0..=255u8).cycle();
-    let uniform = |r: usize| r % 4 != 1;
-    let mut g2 = SplitMix64::new(22);
-    let blocks: Vec<BlockTq1_0> = (0..n * per_row)
-        .map(|i| {
-            let r = i / per_row;
-            // The first row walks through all 256 byte values; the others are random bytes.
-            let mut code = |_| if r == 0 { all_values.next().unwrap() } else { byte() };
-            let d =
-                if uniform(r) { half::f16::from_f32(0.03) } else { half::f16::from_f32(0.01 + g2.unit_f32() * 0.09) };
-            BlockTq1_0 { qs: std::array::from_fn(&mut code), qh: std::array::from_fn(&mut code), d }
-        })
-        .collect();
-    let m = Tq1Matrix::from_blocks(n, k, blocks).unwrap();
-    assert!((0..n).all(|r| m.row_has_uniform_scale(r) == uniform(r)));
-    let w = PackedWeights::Tq1(m);
-    for b in [1, 2, 3, 5, 8, 9, 17] {
-        let x = activations(b, k, 40 + b as u64);
-        let want = oracle(&w, &x, 0..n);
-        for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
-            assert_same(kernel, WeightFormat::Tq1_0, &format!("any bytes, B={b}"), &run(kernel, &w, &x, 0..n), &want);
-            // Odd row ranges start the two-row tile at other rows.
-            let part = run(kernel, &w, &x, 3..n);
-            assert_same(kernel, WeightFormat::Tq1_0, &format!("rows 3.., B={b}"), &part, &want[3 * b..]);
+    // path) sit next to uniform rows (the integer paths: up to four rows at a time for one
+    // token; for batches, one row × 8 tokens on 2560-wide rows, 4 × 4 tiles on 6912-wide ones).
+    let n = 23;
+    for k in [2560usize, 6912] {
+        let per_row = k / QK_K;
+        let mut g = SplitMix64::new(21);
+        let mut byte = || (g.next_u64() >> 56) as u8;
+        let mut all_values = (0..=255u8).cycle();
+        let uniform = |r: usize| r % 4 != 1;
+        let mut g2 = SplitMix64::new(22);
+        let blocks: Vec<BlockTq1_0> = (0..n * per_row)
+            .map(|i| {
+                let r = i / per_row;
+                // The first row walks through all 256 byte values; the others are random bytes.
+                let mut code = |_| if r == 0 { all_values.next().unwrap() } else { byte() };
+                let d = if uniform(r) {
+                    half::f16::from_f32(0.03)
+                } else {
+                    half::f16::from_f32(0.01 + g2.unit_f32() * 0.09)
+                };
+                BlockTq1_0 { qs: std::array::from_fn(&mut code), qh: std::array::from_fn(&mut code), d }
+            })
+            .collect();
+        let m = Tq1Matrix::from_blocks(n, k, blocks).unwrap();
+        assert!((0..n).all(|r| m.row_has_uniform_scale(r) == uniform(r)));
+        let w = PackedWeights::Tq1(m);
+        for b in [1, 2, 3, 5, 8, 9, 17] {
+            let x = activations(b, k, 40 + b as u64);
+            let want = oracle(&w, &x, 0..n);
+            for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
+                assert_same(
+                    kernel,
+                    WeightFormat::Tq1_0,
+                    &format!("any bytes, B={b}"),
+                    &run(kernel, &w, &x, 0..n),
+                    &want,
+                );
+                // Odd row ranges start the two-row tile at other rows.
+                let part = run(kernel, &w, &x, 3..n);
+                assert_same(kernel, WeightFormat::Tq1_0, &format!("rows 3.., B={b}"), &part, &want[3 * b..]);
+            }
         }
     }
 }

@@ -223,10 +223,6 @@ unsafe fn reduce_acc<const A: usize>(acc: &[__m512i; A]) -> i32 {
     _mm512_reduce_add_epi32(s)
 }
 
-/// Tokens processed together per pass over a weight row by the decode-once TQ1_0 and the
-/// block-scaled TQ2_0 kernels.
-const GROUP: usize = 8;
-
 /// Rows and tokens of a batched integer tile ([`code_tile`]): 4 × 4 accumulators, so that each
 /// activation load feeds four `vpdpbusd` and each code vector four, with the codes of one
 /// field of four rows and one activation vector beside them in registers.
@@ -696,11 +692,25 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     prefetch: bool,
     out: &mut [f32],
 ) {
-    let batch = x.batch();
     let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
     let d: [f64; R] = std::array::from_fn(|i| f16_to_f64(w.row(r + i)[0].d));
+    finish_uniform_tile::<R, G>(sums, d, x, b0, out);
+}
+
+/// Outputs of a tile of rows with one block scale `d[i]` each ([`code_tile`]'s lane order):
+/// `finish_blocks(d · (isum − x_sum) as f64, x_scale)`, exact since every isum is an integer
+/// below 2³¹ (see the kernels module docs). Writes `out[i × batch + b]`.
+#[inline(always)]
+unsafe fn finish_uniform_tile<const R: usize, const G: usize>(
+    sums: __m512i,
+    d: [f64; R],
+    x: &ActivationBatch,
+    b0: usize,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
     if G == TILE_TOKENS {
         // Four tokens: finish_blocks lane by lane, the same f64 multiply, rounding to f32 and
         // f32 multiply, four outputs per row stored at once.
@@ -733,6 +743,11 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
 /// The 52 code bytes of a TQ1_0 block (`qs` then `qh`); the masked load reads nothing beyond
 /// them, so the last block of a matrix is never read past its end.
 const TQ1_CODE_LANES: __mmask64 = (1u64 << 52) - 1;
+
+/// Tokens per pass of the one-row batched TQ1_0 kernel ([`tq1_decoded`]), used where that
+/// many tokens' digit-ordered activations fit in [`TQ1_ROW_GROUP_BYTES`] (a share of L1d).
+const TQ1_ROW_GROUP: usize = 8;
+const TQ1_ROW_GROUP_BYTES: usize = 32 * 1024;
 
 times3_asm!(
     /// `y × 3 mod 256` per byte: moves every code byte to its next base-3 digit. Two byte adds
@@ -795,48 +810,78 @@ unsafe fn tq1_fused(
         }
     }
     let xd = scratch.x_reordered.as_slice().as_ptr();
+    if batch > 1 && TQ1_ROW_GROUP * stride <= TQ1_ROW_GROUP_BYTES {
+        // Short rows: one row × up to 8 tokens per pass, whose activations stay in L1. Its
+        // digit codes serve 8 tokens, against 4 in a tile, and decoding, not loading, limits
+        // TQ1_0: bitnet-bench kernels, B = 8, 2560-wide rows, 103 Mrow·tok/s against 90 for
+        // the tiles.
+        let mut r = rows.start;
+        while r < rows.end {
+            let o = &mut out[(r - rows.start) * batch..];
+            if !w.row_has_uniform_scale(r) {
+                tq1_rows_with(isa, w, x, r..r + 1, &mut o[..batch]);
+                r += 1;
+                continue;
+            }
+            let mut b0 = 0;
+            while b0 < batch {
+                match batch - b0 {
+                    1 => tq1_decoded::<1, 2>(w, r, x, xd, stride, b0, o),
+                    2 => tq1_decoded::<2, 2>(w, r, x, xd, stride, b0, o),
+                    3 => tq1_decoded::<3, 2>(w, r, x, xd, stride, b0, o),
+                    4 => tq1_decoded::<4, 2>(w, r, x, xd, stride, b0, o),
+                    5 => tq1_decoded::<5, 1>(w, r, x, xd, stride, b0, o),
+                    6 => tq1_decoded::<6, 1>(w, r, x, xd, stride, b0, o),
+                    7 => tq1_decoded::<7, 1>(w, r, x, xd, stride, b0, o),
+                    _ => tq1_decoded::<TQ1_ROW_GROUP, 1>(w, r, x, xd, stride, b0, o),
+                }
+                b0 += TQ1_ROW_GROUP.min(batch - b0);
+            }
+            r += 1;
+        }
+        return;
+    }
+    if batch > 1 {
+        // Long rows: 4 × 4 tiles in row blocks ([`tq1_tile`]).
+        let out_start = rows.start;
+        let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
+        batched_tiles(rows, row_bytes, batch, |r, left, b0, g, first| {
+            let o = &mut out[(r - out_start) * batch..];
+            let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
+            if uniform > 0 {
+                return code_tile_for!(tq1_tile, uniform, g, (w, r, x, xd, stride, b0, first, o));
+            }
+            // A scale per block: the generic path does all tokens of the row at once.
+            if b0 == 0 {
+                tq1_rows_with(isa, w, x, r..r + 1, &mut o[..batch]);
+            }
+            1
+        });
+        return;
+    }
+    // One token: four rows per pass where they are uniform: the rows lie back to back (one
+    // 2 KiB stretch for 2B4T), and each activation load and row epilogue serves four rows.
+    // 2B4T TQ1 decode, one thread, alternating builds: linears 12.5-13.5 -> 14.1 GB/s.
     let mut r = rows.start;
     while r < rows.end {
-        let o = &mut out[(r - rows.start) * batch..];
-        let two = r + 2 <= rows.end && w.row_has_uniform_scale(r + 1);
+        let o = &mut out[r - rows.start..];
         if !w.row_has_uniform_scale(r) {
-            tq1_rows_with(isa, w, x, r..r + 1, &mut o[..batch]);
+            tq1_rows_with(isa, w, x, r..r + 1, &mut o[..1]);
             r += 1;
             continue;
         }
-        if batch == 1 {
-            // Four rows per pass where they are uniform: the rows lie back to back (one 2 KiB
-            // stretch for 2B4T), and each activation load and row epilogue serves four rows.
-            // 2B4T TQ1 decode, one thread, alternating builds: linears 12.5-13.5 -> 14.1 GB/s.
-            let four = r + 4 <= rows.end && (r + 1..r + 4).all(|i| w.row_has_uniform_scale(i));
-            if four {
-                tq1_telescoped::<4>(w, r, x, xd, o);
-                r += 4;
-                continue;
-            }
-            if two {
-                tq1_telescoped::<2>(w, r, x, xd, o);
-            } else {
-                tq1_telescoped::<1>(w, r, x, xd, o);
-            }
-            r += if two { 2 } else { 1 };
-            continue;
+        let two = r + 2 <= rows.end && w.row_has_uniform_scale(r + 1);
+        let four = r + 4 <= rows.end && (r + 1..r + 4).all(|i| w.row_has_uniform_scale(i));
+        if four {
+            tq1_telescoped::<4>(w, r, x, xd, o);
+            r += 4;
+        } else if two {
+            tq1_telescoped::<2>(w, r, x, xd, o);
+            r += 2;
+        } else {
+            tq1_telescoped::<1>(w, r, x, xd, o);
+            r += 1;
         }
-        let mut b0 = 0;
-        while b0 < batch {
-            match batch - b0 {
-                1 => tq1_decoded::<1, 2>(w, r, x, xd, stride, b0, o),
-                2 => tq1_decoded::<2, 2>(w, r, x, xd, stride, b0, o),
-                3 => tq1_decoded::<3, 2>(w, r, x, xd, stride, b0, o),
-                4 => tq1_decoded::<4, 2>(w, r, x, xd, stride, b0, o),
-                5 => tq1_decoded::<5, 1>(w, r, x, xd, stride, b0, o),
-                6 => tq1_decoded::<6, 1>(w, r, x, xd, stride, b0, o),
-                7 => tq1_decoded::<7, 1>(w, r, x, xd, stride, b0, o),
-                _ => tq1_decoded::<GROUP, 1>(w, r, x, xd, stride, b0, o),
-            }
-            b0 += GROUP.min(batch - b0);
-        }
-        r += 1;
     }
 }
 
@@ -941,6 +986,62 @@ unsafe fn reduce_two(a: __m512i, b: __m512i) -> (i32, i32) {
     let u = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0x4E>(u));
     let u = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0xB1>(u));
     (_mm512_cvtsi512_si32(u), _mm_cvtsi128_si32(_mm512_extracti32x4_epi32::<2>(u)))
+}
+
+/// Rows `r..r+R` (uniform scales) × tokens `b0..b0+G` of a TQ1_0 matrix, batched: per block,
+/// each row's 52 code bytes are loaded once and moved digit by digit (× 3 mod 256), each
+/// digit's codes computed once per row (two compares) and multiplied with every token's
+/// activations of that digit ([`tq1_digit_order`], `stride` bytes a token), loaded once for all
+/// R rows. Tiles, row blocks and the reduction as for I2 ([`batched_tiles`], [`reduce16`]).
+/// For long rows only: 8 tokens of a 6912-wide down projection (8 × 8.6 KiB of activations)
+/// overflowed L1 in [`tq1_decoded`]; bitnet-bench kernels, B = 8: 18 -> 36 Mrow·tok/s.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq1_tile<const R: usize, const G: usize>(
+    w: &Tq1Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    xd: *const u8,
+    stride: usize,
+    b0: usize,
+    prefetch: bool,
+    out: &mut [f32],
+) {
+    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
+    let xs: [*const u8; G] = std::array::from_fn(|g| xd.add((b0 + g) * stride));
+    let block = std::mem::size_of::<BlockTq1_0>();
+    let mut acc = [[_mm512_setzero_si512(); G]; R];
+    // Plain loops, not array::from_fn (see reduce16).
+    for blk in 0..w.blocks_per_row() {
+        let off = blk * block;
+        let mut y = [_mm512_setzero_si512(); R];
+        for i in 0..R {
+            if prefetch {
+                // The R rows lie back to back: one ascending stream, R lines per block (R · 54
+                // bytes of rows pass per block).
+                prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
+            }
+            y[i] = _mm512_maskz_loadu_epi8(TQ1_CODE_LANES, src[i].add(off) as *const i8);
+        }
+        for n in 0..5 {
+            let mut c = [_mm512_setzero_si512(); R];
+            for i in 0..R {
+                if n > 0 {
+                    y[i] = times3(y[i]);
+                }
+                c[i] = tq1_digit_codes(y[i]);
+            }
+            for g in 0..G {
+                let xv = load(xs[g].add(blk * TQ1_DIGIT_BLOCK + 64 * n));
+                for i in 0..R {
+                    acc[i][g] = _mm512_dpbusd_epi32(acc[i][g], c[i], xv);
+                }
+            }
+        }
+    }
+    // Exact in i32: a row's |Σ| ≤ 2 · 128 · K, below 2³¹ for K < 2²³ (as for I2).
+    let d: [f64; R] = std::array::from_fn(|i| f16_to_f64(w.row(r + i)[0].d));
+    finish_uniform_tile::<R, G>(reduce16(acc), d, x, b0, out);
 }
 
 /// Row `r` (uniform scale) × tokens `b0..b0+G`: each digit's codes are computed once
