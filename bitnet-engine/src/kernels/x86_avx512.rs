@@ -108,7 +108,8 @@ unsafe fn store(p: *mut u8, v: __m512i) {
 /// Codes `(v >> 2n) & 3` for n = 0..4.
 #[inline(always)]
 unsafe fn split4(v: __m512i) -> [__m512i; 4] {
-    std::array::from_fn(|n| i2_field(v, n))
+    // Not array::from_fn: see reduce16.
+    [i2_field(v, 0), i2_field(v, 1), i2_field(v, 2), i2_field(v, 3)]
 }
 
 /// Codes `(v >> 2n) & 3`: field n of every byte of an I2 block, the codes of its weights
@@ -138,7 +139,8 @@ unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
 /// is broadcast to both 256-bit lanes and shifted by a different amount per lane.
 #[inline(always)]
 unsafe fn tq2_codes(qs: *const u8) -> [__m512i; 4] {
-    std::array::from_fn(|v| tq2_code_vector(qs, v))
+    // Not array::from_fn: see reduce16.
+    [tq2_code_vector(qs, 0), tq2_code_vector(qs, 1), tq2_code_vector(qs, 2), tq2_code_vector(qs, 3)]
 }
 
 /// Code vector v of [`tq2_codes`] alone: half v / 2 of the block broadcast, shifted by 0 and 2
