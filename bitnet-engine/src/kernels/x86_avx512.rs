@@ -236,11 +236,12 @@ const TILE_TOKENS: usize = 4;
 /// on Sapphire Rapids; 512 KiB on older cores).
 const ROW_BLOCK_BYTES: usize = 128 * 1024;
 
-/// Calls `tile(r, rows_left, b0, g, first)` over rows × tokens of a batched (B > 1) matmul:
-/// blocks of rows of about [`ROW_BLOCK_BYTES`]; in each block, the tokens in groups of up to
-/// [`TILE_TOKENS`] (`first` for the first group, which streams the block from memory); in each
-/// group, the rows from `r` on, `rows_left` (≤ [`TILE_ROWS`]) of them still in the block. `tile`
-/// returns how many rows it did.
+/// Calls `tile(r, rows_left, b0, g, first, out_r)` over rows × tokens of a batched (B > 1)
+/// matmul: blocks of rows of about [`ROW_BLOCK_BYTES`]; in each block, the tokens in groups of
+/// up to [`TILE_TOKENS`] (`first` for the first group, which streams the block from memory); in
+/// each group, the rows from `r` on, `rows_left` (≤ [`TILE_ROWS`]) of them still in the block,
+/// `out_r` the outputs from row `r` on (`out_r[i × batch + b]`). `tile` returns how many rows
+/// it did.
 ///
 /// Why blocks: with all 8 tokens in one pass, the tile needs 32 accumulators (or two rows per
 /// pass and four code vectors per row, the kernel before this one), and a 6912-wide token
@@ -254,7 +255,8 @@ fn batched_tiles(
     rows: Range<usize>,
     row_bytes: usize,
     batch: usize,
-    mut tile: impl FnMut(usize, usize, usize, usize, bool) -> usize,
+    out: &mut [f32],
+    mut tile: impl FnMut(usize, usize, usize, usize, bool, &mut [f32]) -> usize,
 ) {
     let block_rows = (ROW_BLOCK_BYTES / row_bytes.max(1)).max(TILE_ROWS) / TILE_ROWS * TILE_ROWS;
     let mut start = rows.start;
@@ -265,7 +267,7 @@ fn batched_tiles(
             let g = TILE_TOKENS.min(batch - b0);
             let mut r = start;
             while r < end {
-                r += tile(r, TILE_ROWS.min(end - r), b0, g, b0 == 0);
+                r += tile(r, TILE_ROWS.min(end - r), b0, g, b0 == 0, &mut out[(r - rows.start) * batch..]);
             }
             b0 += g;
         }
@@ -306,9 +308,7 @@ macro_rules! code_tile_for {
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     if batch > 1 {
-        let out_start = rows.start;
-        batched_tiles(rows, w.row_bytes(), batch, |r, left, b0, g, first| {
-            let o = &mut out[(r - out_start) * batch..];
+        batched_tiles(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
             code_tile_for!(i2_tile, left, g, (w, r, x, b0, first, o))
         });
         return;
@@ -577,10 +577,8 @@ unsafe fn tq2_fused(
 ) {
     let batch = x.batch();
     if batch > 1 {
-        let out_start = rows.start;
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
-        batched_tiles(rows, row_bytes, batch, |r, left, b0, g, first| {
-            let o = &mut out[(r - out_start) * batch..];
+        batched_tiles(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             // Rows with one scale for all their blocks take the integer tiles, as I2 (in
             // runs of up to four); a row with a scale per block takes the f64 kernel.
             let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
@@ -845,10 +843,8 @@ unsafe fn tq1_fused(
     }
     if batch > 1 {
         // Long rows: 4 × 4 tiles in row blocks ([`tq1_tile`]).
-        let out_start = rows.start;
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
-        batched_tiles(rows, row_bytes, batch, |r, left, b0, g, first| {
-            let o = &mut out[(r - out_start) * batch..];
+        batched_tiles(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
             if uniform > 0 {
                 return code_tile_for!(tq1_tile, uniform, g, (w, r, x, xd, stride, b0, first, o));
