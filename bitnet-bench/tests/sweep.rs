@@ -133,6 +133,8 @@ fn sweep(stop_after: Option<usize>) -> Report {
     };
     for x in &mut r.results {
         x.memory.peak_rss_bytes = Some(1 << 30);
+        // The sweep resolves "best" to the widest level this CPU has (avx2 on Zen 3 VMs).
+        x.config.isa = "avx512".into();
     }
     r
 }
