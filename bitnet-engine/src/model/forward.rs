@@ -8,12 +8,13 @@ use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
-    attention_scores, attention_weighted_sum, int8_rows_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into,
-    Kernel, KernelFamily, KernelForm, KernelScratch,
+    attention_scores, attention_scores_encoded, attention_weighted_sum, attention_weighted_sum_encoded,
+    int8_rows_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
+    KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
-use crate::model::ops::{add_in_place, dot16, rope, rope_angles, softmax_in_place, transpose_into};
+use crate::model::ops::{add_in_place, rope, rope_angles, softmax_in_place, transpose_into};
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
 
@@ -74,8 +75,8 @@ struct Worker {
     kernel: KernelScratch,
     /// `[context]` attention weights.
     scores: Vec<f32>,
-    /// `[head_dim]` one decoded key or value.
-    vec: Vec<f32>,
+    /// `[ENCODED_CHUNK_VALUES]` quantized keys or values decoded for attention.
+    decoded: Vec<f32>,
     rec: ThreadRecorder,
 }
 
@@ -188,7 +189,7 @@ impl State {
                 .map(|i| Worker {
                     kernel: KernelScratch::for_shape(padded, rows),
                     scores: vec![0.0; opts.context],
-                    vec: vec![0.0; hd],
+                    decoded: vec![0.0; ENCODED_CHUNK_VALUES],
                     rec: ThreadRecorder::off(i),
                 })
                 .collect(),
@@ -843,11 +844,10 @@ fn attention(
                 match (&keys, &values) {
                     (KvRows::F32(k), KvRows::F32(v)) => attention_scores(qh, k, scale, scores, v),
                     (KvRows::F16(k), KvRows::F16(v)) => attention_scores(qh, k, scale, scores, v),
-                    _ => {
-                        for (p, sc) in scores.iter_mut().enumerate() {
-                            *sc = dot16(qh, kv.key(layer, seq, kh, p, &mut s.vec)) * scale;
-                        }
+                    (KvRows::Encoded(k), KvRows::Encoded(v)) => {
+                        attention_scores_encoded(kv.precision(), qh, k, scale, scores, v, &mut s.decoded)
                     }
+                    _ => unreachable!("keys and values of one cache share a store type"),
                 }
                 let kv_bytes = vec_bytes * (pos + 1) as u64;
                 let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
@@ -864,12 +864,11 @@ fn attention(
                     (KvRows::F32(v), _) => attention_weighted_sum(scores, v, o, &[]),
                     (KvRows::F16(v), Some(KvRows::F16(n))) => attention_weighted_sum(scores, v, o, n),
                     (KvRows::F16(v), _) => attention_weighted_sum(scores, v, o, &[]),
-                    (KvRows::Encoded, _) => {
-                        for (p, wgt) in scores.iter().enumerate() {
-                            for (a, v) in o.iter_mut().zip(kv.value(layer, seq, kh, p, &mut s.vec)) {
-                                *a += wgt * v;
-                            }
-                        }
+                    (KvRows::Encoded(v), Some(KvRows::Encoded(n))) => {
+                        attention_weighted_sum_encoded(kv.precision(), scores, v, o, n, &mut s.decoded)
+                    }
+                    (KvRows::Encoded(v), _) => {
+                        attention_weighted_sum_encoded(kv.precision(), scores, v, o, &[], &mut s.decoded)
                     }
                 }
                 s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
