@@ -198,6 +198,32 @@ fn extreme_activations_equal_oracle() {
 }
 
 #[test]
+fn sums_at_the_integer_limits_equal_oracle() {
+    // Every weight of a row the same and every activation at the same extreme: the largest
+    // sums a row can have, which a kernel's narrow (i16) partial sums must hold before they
+    // are widened. Rows of +1 and −1 against 127 and −128, over long rows (27 blocks).
+    let kernels = kernels_under_test();
+    let (rows, k) = (6, 6912);
+    let values: Vec<i8> = (0..rows * k).map(|i| if (i / k) % 2 == 0 { 1 } else { -1 }).collect();
+    let m = TernaryMatrix::new(rows, k, values, 1.0).unwrap();
+    for fill in [127i8, -128] {
+        for b in [1usize, 2, 5, 8] {
+            let mut x = ActivationBatch::new(b, k).unwrap();
+            x.set_quantized(&vec![fill; b * k], &vec![0.5; b]).unwrap();
+            x.build_planes();
+            for format in WeightFormat::ALL {
+                let Some(w) = pack(format, &m) else { continue };
+                let want = oracle(&w, &x, 0..rows);
+                for &(kernel, f) in kernels.iter().filter(|(_, f)| *f == format) {
+                    let got = run(kernel, &w, &x, 0..rows);
+                    assert_same(kernel, f, &format!("K={k} B={b} all {fill}"), &got, &want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn row_ranges_write_only_their_slice() {
     let m = TernaryMatrix::random(64, 544, 0.1, 5);
     let x = activations(3, 544, 6);

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::portable::{decode_tq1_qh, i2_tail_dot, run, tq1_row_chunks, tq1_row_digit_order, IsaOps, TQ1_DIGIT_BLOCK};
-use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -416,96 +416,191 @@ pub(crate) unsafe fn f16_to_f64(d: half::f16) -> f64 {
 /// Tokens processed together per pass over a weight row (codes unpacked once for all of them).
 const GROUP: usize = 4;
 
+/// Rows × tokens of a batched I2/TQ2 tile ([`code_tile`]): 2 × 4 i16 accumulators, with one
+/// field's code vector of each row and one activation vector beside them, fit AVX2's 16
+/// registers; each activation load feeds two `vpmaddubsw`, each code vector four.
+const TILE_ROWS: usize = 2;
+
+/// Blocks of 256 codes summed in i16 lanes before they are widened to i32 (one `vpmaddwd` per
+/// accumulator): a `vpmaddubsw` pair sum of codes ≤ 2 and activations in [−128, 127] lies in
+/// [−512, 508], eight per block and lane, so four blocks stay within [−16384, 16256]. Widening
+/// every half block, as the kernels before these did, cost one multiply for four.
+const I16_BLOCKS: usize = 4;
+
+/// Runs `$tile::<R, G>($args…)` for R ∈ {2, 1} (`$rows` ≥ 2 or not) and token count `$g` ∈
+/// 1..=4 of a [`batched_tiles`] step; evaluates to R.
+macro_rules! code_tile_for {
+    ($tile:ident, $rows:expr, $g:expr, ($($arg:expr),*)) => {{
+        let rows = if $rows >= 2 { 2 } else { 1 };
+        match (rows, $g) {
+            (2, 1) => $tile::<2, 1>($($arg),*),
+            (2, 2) => $tile::<2, 2>($($arg),*),
+            (2, 3) => $tile::<2, 3>($($arg),*),
+            (2, 4) => $tile::<2, 4>($($arg),*),
+            (1, 1) => $tile::<1, 1>($($arg),*),
+            (1, 2) => $tile::<1, 2>($($arg),*),
+            (1, 3) => $tile::<1, 3>($($arg),*),
+            (1, 4) => $tile::<1, 4>($($arg),*),
+            _ => unreachable!("token groups are 1..=4"),
+        }
+        rows
+    }};
+}
+
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    if batch == 1 {
-        let mut r = rows.start;
-        while r < rows.end {
-            let o = &mut out[r - rows.start..];
-            r += match rows.end - r {
-                1 => {
-                    i2_rows_one::<1>(w, r, x, o);
-                    1
-                }
-                2 | 3 => {
-                    i2_rows_one::<2>(w, r, x, o);
-                    2
-                }
-                _ => {
-                    i2_rows_one::<4>(w, r, x, o);
-                    4
-                }
-            };
-        }
+    if batch > 1 {
+        batched_tiles::<TILE_ROWS, GROUP>(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
+            code_tile_for!(i2_tile, left, g, (w, r, x, b0, first, o))
+        });
         return;
     }
-    for (i, r) in rows.enumerate() {
-        let o = &mut out[i * batch..(i + 1) * batch];
-        let mut b0 = 0;
-        while b0 < batch {
-            match batch - b0 {
-                1 => i2_group::<1>(w, r, x, b0, o),
-                2 => i2_group::<2>(w, r, x, b0, o),
-                3 => i2_group::<3>(w, r, x, b0, o),
-                _ => i2_group::<GROUP>(w, r, x, b0, o),
+    // One token: up to four rows per pass, each half-block's activation vectors loaded once for
+    // them all and their sums reduced together: on short rows (K = 1536, six blocks) the per-row
+    // epilogue weighed as much as a third of the loop.
+    let mut r = rows.start;
+    while r < rows.end {
+        let o = &mut out[r - rows.start..];
+        r += match rows.end - r {
+            1 => {
+                i2_tile::<1, 1>(w, r, x, 0, true, o);
+                1
             }
-            b0 += GROUP.min(batch - b0);
-        }
+            2 | 3 => {
+                i2_tile::<2, 1>(w, r, x, 0, true, o);
+                2
+            }
+            _ => {
+                i2_tile::<4, 1>(w, r, x, 0, true, o);
+                4
+            }
+        };
     }
 }
 
-/// One token × rows `r..r+R`: each half-block's four activation vectors are loaded once for
-/// the R rows, and the R row sums are reduced together ([`hsum4_i32`]): on short rows (K =
-/// 1536, six blocks) the per-row epilogue weighed as much as a third of the loop.
+/// Rows `r..r+R` × tokens `b0..b0+G` of an I2 matrix ([`code_tile`] over its full blocks, then
+/// the tail). Writes `out[i × batch + b]` for row `r + i`.
 #[inline(always)]
-unsafe fn i2_rows_one<const R: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
-    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
-    let xs = x.token(0).as_ptr();
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_si256(); R];
-    for blk in 0..w.full_blocks() {
-        let off = blk * I2_BLOCK_BYTES;
-        for p in src {
-            prefetch_stream(p.add(off));
-        }
-        for half in 0..2 {
-            // Code byte j of this half ↔ activations 64n + 32·half + j for field n.
-            let xb = xs.add(blk * I2_BLOCK_WEIGHTS + 32 * half);
-            let xv: [__m256i; 4] = std::array::from_fn(|n| load(xb.add(64 * n) as *const u8));
-            for i in 0..R {
-                let c = split4(load(src[i].add(off + 32 * half)));
-                // |pair sums| ≤ 2·2·127 = 508, four of them ≤ 2032: exact in i16 (see `dot4`).
-                let mut s = _mm256_maddubs_epi16(c[0], xv[0]);
-                for n in 1..4 {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(c[n], xv[n]));
-                }
-                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s, ones));
-            }
-        }
+unsafe fn i2_tile<const R: usize, const G: usize>(
+    w: &I2Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    prefetch: bool,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
+    let mut src = [std::ptr::null::<u8>(); R];
+    for (i, s) in src.iter_mut().enumerate() {
+        *s = w.row(r + i).as_ptr();
     }
-    let sums = hsum_rows(acc);
+    let mut xs = [std::ptr::null::<u8>(); G];
+    for (g, p) in xs.iter_mut().enumerate() {
+        *p = x.token(b0 + g).as_ptr() as *const u8;
+    }
+    let sums = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     for i in 0..R {
-        let mut isum = sums[i];
-        if t > 0 {
-            isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(0)[full * I2_BLOCK_WEIGHTS..]);
+        for g in 0..G {
+            let b = b0 + g;
+            let mut isum = sums[i][g];
+            if t > 0 {
+                isum += i2_tail_dot(&w.row(r + i)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
+            }
+            out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
-        out[i] = finish_tensor(isum - x.sum(0), w.scale(), x.scale(0));
     }
 }
 
-/// Lane sums of R ≤ 4 accumulators: one `hsum4_i32` for four, `hsum_i32` each below that.
+/// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit
+/// codes, `stride` bytes apart in each row: an I2 block (64 bytes: byte j of half h holds the
+/// weights 64n + 32h + j at shift 2n) or, with `TQ2`, a TQ2_0 block (66 bytes, codes first:
+/// byte m of chunk h holds 128h + 32n + m). Field by field: the R rows' code vectors of field
+/// n, then each token's 32 activations of that field, loaded once for all R rows, into i16
+/// accumulators widened every [`I16_BLOCKS`] blocks. With `prefetch`, the R rows are asked for
+/// as one ascending stream; later token groups of a row block read them from L2. Returns the
+/// sum of row i and token g at `[i][g]`.
 #[inline(always)]
-unsafe fn hsum_rows<const R: usize>(acc: [__m256i; R]) -> [i32; R] {
-    if R == 4 {
-        let v = hsum4_i32([acc[0], acc[1], acc[2], acc[3]]);
-        let mut o = [0i32; R];
-        _mm_storeu_si128(o.as_mut_ptr() as *mut __m128i, v);
-        o
-    } else {
-        std::array::from_fn(|i| hsum_i32(acc[i]))
+unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
+    src: [*const u8; R],
+    stride: usize,
+    blocks: usize,
+    xs: [*const u8; G],
+    prefetch: bool,
+) -> [[i32; G]; R] {
+    let (mask, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+    // Plain loops and arrays, not array::from_fn: its closures are not always inlined, and out
+    // of line they lose this function's target features.
+    let mut acc = [[_mm256_setzero_si256(); G]; R];
+    let mut blk = 0;
+    while blk < blocks {
+        let end = blocks.min(blk + I16_BLOCKS);
+        let mut acc16 = [[_mm256_setzero_si256(); G]; R];
+        while blk < end {
+            let off = blk * stride;
+            if prefetch {
+                for i in 0..R + TQ2 as usize {
+                    prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
+                }
+            }
+            for h in 0..2 {
+                let mut raw = [_mm256_setzero_si256(); R];
+                for i in 0..R {
+                    raw[i] = load(src[i].add(off + 32 * h));
+                }
+                for n in 0..4 {
+                    let mut c = [_mm256_setzero_si256(); R];
+                    for i in 0..R {
+                        let v = match n {
+                            0 => raw[i],
+                            1 => _mm256_srli_epi16::<2>(raw[i]),
+                            2 => _mm256_srli_epi16::<4>(raw[i]),
+                            _ => _mm256_srli_epi16::<6>(raw[i]),
+                        };
+                        c[i] = _mm256_and_si256(v, mask);
+                    }
+                    let x_off = if TQ2 { 128 * h + 32 * n } else { 64 * n + 32 * h };
+                    for g in 0..G {
+                        let xv = load(xs[g].add(blk * QK_K + x_off));
+                        for i in 0..R {
+                            acc16[i][g] = _mm256_add_epi16(acc16[i][g], _mm256_maddubs_epi16(c[i], xv));
+                        }
+                    }
+                }
+            }
+            blk += 1;
+        }
+        for i in 0..R {
+            for g in 0..G {
+                acc[i][g] = _mm256_add_epi32(acc[i][g], _mm256_madd_epi16(acc16[i][g], ones));
+            }
+        }
     }
+    // Four sums per reduction: a row's four tokens, or (one token) four rows.
+    let mut sums = [[0i32; G]; R];
+    let mut quad = [0i32; 4];
+    if G == 1 && R == 4 {
+        _mm_storeu_si128(quad.as_mut_ptr() as *mut __m128i, hsum4_i32([acc[0][0], acc[1][0], acc[2][0], acc[3][0]]));
+        for i in 0..R {
+            sums[i][0] = quad[i];
+        }
+    } else if G == 4 {
+        for i in 0..R {
+            _mm_storeu_si128(
+                quad.as_mut_ptr() as *mut __m128i,
+                hsum4_i32([acc[i][0], acc[i][1], acc[i][2], acc[i][3]]),
+            );
+            sums[i].copy_from_slice(&quad[..G]);
+        }
+    } else {
+        for i in 0..R {
+            for g in 0..G {
+                sums[i][g] = hsum_i32(acc[i][g]);
+            }
+        }
+    }
+    sums
 }
 
 /// Lane sums of four vectors at once: `[Σa, Σb, Σc, Σd]`.
@@ -518,78 +613,42 @@ unsafe fn hsum4_i32(v: [__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256::<1>(abcd))
 }
 
-#[inline(always)]
-unsafe fn i2_group<const G: usize>(w: &I2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
-    let src = w.row(r).as_ptr();
-    let xs: [*const i8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr());
-    let mut acc = [_mm256_setzero_si256(); G];
-    for blk in 0..w.full_blocks() {
-        let p = src.add(blk * I2_BLOCK_BYTES);
-        prefetch_stream(p);
-        let lo = split4(load(p)); // ↔ x[64n .. 64n + 32]
-        let hi = split4(load(p.add(32))); // ↔ x[64n + 32 .. 64n + 64]
-        for g in 0..G {
-            let xb = xs[g].add(blk * I2_BLOCK_WEIGHTS);
-            let a = dot4(&lo, xb, [0, 64, 128, 192]);
-            let b = dot4(&hi, xb, [32, 96, 160, 224]);
-            acc[g] = _mm256_add_epi32(acc[g], _mm256_add_epi32(a, b));
-        }
-    }
-    let (full, t) = (w.full_blocks(), w.tail_weights());
-    for g in 0..G {
-        let b = b0 + g;
-        let mut isum = hsum_i32(acc[g]);
-        if t > 0 {
-            isum += i2_tail_dot(&w.row(r)[full * I2_BLOCK_BYTES..], t, &x.token(b)[full * I2_BLOCK_WEIGHTS..]);
-        }
-        out[b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
-    }
-}
-
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    if batch == 1 {
-        // One token: up to four uniform rows per pass (as `i2_rows_one`).
-        let mut r = rows.start;
-        while r < rows.end {
-            let o = &mut out[r - rows.start..];
-            let uniform = |n: usize| r + n <= rows.end && (r..r + n).all(|i| w.row_has_uniform_scale(i));
-            let n = if uniform(4) {
-                tq2_rows_one::<4>(w, r, x, o);
-                4
-            } else if uniform(2) {
-                tq2_rows_one::<2>(w, r, x, o);
-                2
-            } else if uniform(1) {
-                tq2_rows_one::<1>(w, r, x, o);
-                1
-            } else {
-                tq2_row_block_scaled(w, r, x, 0, &mut o[..1]);
-                1
-            };
-            r += n;
-        }
+    if batch > 1 {
+        let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
+        batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
+            // Rows with one scale for all their blocks take the integer tiles, as I2; a row
+            // with a scale per block takes the f64 kernel.
+            let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
+            if uniform > 0 {
+                return code_tile_for!(tq2_uniform_tile, uniform, g, (w, r, x, b0, first, o));
+            }
+            tq2_row_block_scaled(w, r, x, b0, &mut o[b0..b0 + g]);
+            1
+        });
         return;
     }
-    for (i, r) in rows.enumerate() {
-        let o = &mut out[i * batch..(i + 1) * batch];
-        if w.row_has_uniform_scale(r) {
-            // One scale for the whole row: sum in integers, scale once (exact; see AVX-512),
-            // each block's codes unpacked once for a group of tokens.
-            let mut b0 = 0;
-            while b0 < batch {
-                match batch - b0 {
-                    1 => tq2_uniform_group::<1>(w, r, x, b0, o),
-                    2 => tq2_uniform_group::<2>(w, r, x, b0, o),
-                    3 => tq2_uniform_group::<3>(w, r, x, b0, o),
-                    _ => tq2_uniform_group::<GROUP>(w, r, x, b0, o),
-                }
-                b0 += GROUP.min(batch - b0);
-            }
-            continue;
-        }
-        tq2_row_block_scaled(w, r, x, 0, o);
+    // One token: up to four uniform rows per pass (as I2).
+    let mut r = rows.start;
+    while r < rows.end {
+        let o = &mut out[r - rows.start..];
+        let uniform = |n: usize| r + n <= rows.end && (r..r + n).all(|i| w.row_has_uniform_scale(i));
+        let n = if uniform(4) {
+            tq2_uniform_tile::<4, 1>(w, r, x, 0, true, o);
+            4
+        } else if uniform(2) {
+            tq2_uniform_tile::<2, 1>(w, r, x, 0, true, o);
+            2
+        } else if uniform(1) {
+            tq2_uniform_tile::<1, 1>(w, r, x, 0, true, o);
+            1
+        } else {
+            tq2_row_block_scaled(w, r, x, 0, &mut o[..1]);
+            1
+        };
+        r += n;
     }
 }
 
@@ -612,36 +671,33 @@ unsafe fn tq2_row_block_scaled(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0:
     }
 }
 
-/// One token × uniform rows `r..r+R` of a TQ2_0 matrix: activation vectors loaded once per
-/// half-block for the R rows, one reduction for all of them (see [`i2_rows_one`]).
+/// Uniform rows `r..r+R` (one scale for all their blocks) × tokens `b0..b0+G` of a TQ2_0
+/// matrix: integer sums ([`code_tile`]), scaled once (exact; see the kernels module docs).
 #[inline(always)]
-unsafe fn tq2_rows_one<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, out: &mut [f32]) {
-    let rows: [&[BlockTq2_0]; R] = std::array::from_fn(|i| w.row(r + i));
-    let xs = x.token(0).as_ptr();
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_si256(); R];
-    for blk in 0..w.blocks_per_row() {
-        for row in rows {
-            prefetch_stream_span(&row[blk] as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-        }
-        for half in 0..2 {
-            // Chunk `half` holds weights 128·half + 32n + m at shift 2n.
-            let xb = xs.add(blk * QK_K + 128 * half);
-            let xv: [__m256i; 4] = std::array::from_fn(|n| load(xb.add(32 * n) as *const u8));
-            for i in 0..R {
-                let c = split4(load(rows[i][blk].qs.as_ptr().add(32 * half)));
-                let mut s = _mm256_maddubs_epi16(c[0], xv[0]);
-                for n in 1..4 {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(c[n], xv[n]));
-                }
-                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(s, ones));
-            }
-        }
+unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
+    w: &Tq2Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    prefetch: bool,
+    out: &mut [f32],
+) {
+    let batch = x.batch();
+    let mut src = [std::ptr::null::<u8>(); R];
+    for (i, s) in src.iter_mut().enumerate() {
+        *s = w.row(r + i).as_ptr() as *const u8;
     }
-    let sums = hsum_rows(acc);
+    let mut xs = [std::ptr::null::<u8>(); G];
+    for (g, p) in xs.iter_mut().enumerate() {
+        *p = x.token(b0 + g).as_ptr() as *const u8;
+    }
+    let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
     for i in 0..R {
-        let d = f16_to_f64(rows[i][0].d);
-        out[i] = finish_blocks(d * (sums[i] - x.sum(0)) as f64, x.scale(0));
+        let d = f16_to_f64(w.row(r + i)[0].d);
+        for g in 0..G {
+            let b = b0 + g;
+            out[i * batch + b] = finish_blocks(d * (sums[i][g] - x.sum(b)) as f64, x.scale(b));
+        }
     }
 }
 
@@ -650,28 +706,6 @@ unsafe fn tq2_rows_one<const R: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBa
 #[inline(always)]
 unsafe fn tq2_split(block: &BlockTq2_0) -> [[__m256i; 4]; 2] {
     [split4(load(block.qs.as_ptr())), split4(load(block.qs.as_ptr().add(32)))]
-}
-
-/// One TQ2_0 row with one scale for all its blocks × tokens `b0..b0+G` (as [`i2_group`]).
-#[inline(always)]
-unsafe fn tq2_uniform_group<const G: usize>(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0: usize, out: &mut [f32]) {
-    let xs: [*const i8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr());
-    let mut acc = [_mm256_setzero_si256(); G];
-    for (blk, block) in w.row(r).iter().enumerate() {
-        prefetch_stream_span(block as *const BlockTq2_0 as *const u8, std::mem::size_of::<BlockTq2_0>());
-        let [c0, c1] = tq2_split(block);
-        for g in 0..G {
-            let xb = xs[g].add(blk * QK_K);
-            let a = dot4(&c0, xb, [0, 32, 64, 96]);
-            let b = dot4(&c1, xb, [128, 160, 192, 224]);
-            acc[g] = _mm256_add_epi32(acc[g], _mm256_add_epi32(a, b));
-        }
-    }
-    let d = f16_to_f64(w.row(r)[0].d);
-    for g in 0..G {
-        let b = b0 + g;
-        out[b] = finish_blocks(d * (hsum_i32(acc[g]) - x.sum(b)) as f64, x.scale(b));
-    }
 }
 
 /// Shared shape of the TQ1 kernels: decode each block once into a stack tile, then dot it with

@@ -15,7 +15,7 @@ use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_share,
     prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with,
 };
-use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -231,50 +231,6 @@ unsafe fn reduce_acc<const A: usize>(acc: &[__m512i; A]) -> i32 {
 const TILE_ROWS: usize = 4;
 const TILE_TOKENS: usize = 4;
 
-/// Weight bytes of a row block of the batched tiles ([`batched_tiles`]). The first token
-/// group reads the block from memory, the later groups find it in L2 (1 MiB on Zen 5, 2 MiB
-/// on Sapphire Rapids; 512 KiB on older cores).
-const ROW_BLOCK_BYTES: usize = 128 * 1024;
-
-/// Calls `tile(r, rows_left, b0, g, first, out_r)` over rows × tokens of a batched (B > 1)
-/// matmul: blocks of rows of about [`ROW_BLOCK_BYTES`]; in each block, the tokens in groups of
-/// up to [`TILE_TOKENS`] (`first` for the first group, which streams the block from memory); in
-/// each group, the rows from `r` on, `rows_left` (≤ [`TILE_ROWS`]) of them still in the block,
-/// `out_r` the outputs from row `r` on (`out_r[i × batch + b]`). `tile` returns how many rows
-/// it did.
-///
-/// Why blocks: with all 8 tokens in one pass, the tile needs 32 accumulators (or two rows per
-/// pass and four code vectors per row, the kernel before this one), and a 6912-wide token
-/// group of 8 is 55 KiB of activations, more than Zen 5's 48 KiB L1d, so every activation
-/// load went to L2. Four tokens' activations stay in L1 and the block's rows are read from
-/// memory once. Standalone copies of the tiles, 256 MiB of I2 rows per pass from DRAM, one Zen 5
-/// core, 8 tokens (vpdpbusd peak 505 GMAC/s): 6912×2560 292 -> 431 GMAC/s, 2560×6912 227 ->
-/// 436, 4096×1536 333 -> 392, 1536×4096 220 -> 443.
-#[inline(always)]
-fn batched_tiles(
-    rows: Range<usize>,
-    row_bytes: usize,
-    batch: usize,
-    out: &mut [f32],
-    mut tile: impl FnMut(usize, usize, usize, usize, bool, &mut [f32]) -> usize,
-) {
-    let block_rows = (ROW_BLOCK_BYTES / row_bytes.max(1)).max(TILE_ROWS) / TILE_ROWS * TILE_ROWS;
-    let mut start = rows.start;
-    while start < rows.end {
-        let end = rows.end.min(start + block_rows);
-        let mut b0 = 0;
-        while b0 < batch {
-            let g = TILE_TOKENS.min(batch - b0);
-            let mut r = start;
-            while r < end {
-                r += tile(r, TILE_ROWS.min(end - r), b0, g, b0 == 0, &mut out[(r - rows.start) * batch..]);
-            }
-            b0 += g;
-        }
-        start = end;
-    }
-}
-
 /// Runs `$tile::<R, G>($args…)` for the row count R ∈ {4, 2, 1} (the largest ≤ `$rows`) and
 /// token count `$g` ∈ 1..=4 of a [`batched_tiles`] step; evaluates to R.
 macro_rules! code_tile_for {
@@ -308,7 +264,7 @@ macro_rules! code_tile_for {
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     if batch > 1 {
-        batched_tiles(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
+        batched_tiles::<TILE_ROWS, TILE_TOKENS>(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
             code_tile_for!(i2_tile, left, g, (w, r, x, b0, first, o))
         });
         return;
@@ -578,7 +534,7 @@ unsafe fn tq2_fused(
     let batch = x.batch();
     if batch > 1 {
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
-        batched_tiles(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
+        batched_tiles::<TILE_ROWS, TILE_TOKENS>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             // Rows with one scale for all their blocks take the integer tiles, as I2 (in
             // runs of up to four); a row with a scale per block takes the f64 kernel.
             let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
@@ -844,7 +800,7 @@ unsafe fn tq1_fused(
     if batch > 1 {
         // Long rows: 4 × 4 tiles in row blocks ([`tq1_tile`]).
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq1_0>();
-        batched_tiles(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
+        batched_tiles::<TILE_ROWS, TILE_TOKENS>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
             if uniform > 0 {
                 return code_tile_for!(tq1_tile, uniform, g, (w, r, x, xd, stride, b0, first, o));
