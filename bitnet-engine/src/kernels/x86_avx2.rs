@@ -416,10 +416,14 @@ pub(crate) unsafe fn f16_to_f64(d: half::f16) -> f64 {
 /// Tokens processed together per pass over a weight row (codes unpacked once for all of them).
 const GROUP: usize = 4;
 
-/// Rows × tokens of a batched I2/TQ2 tile ([`code_tile`]): 2 × 4 i16 accumulators, with one
-/// field's code vector of each row and one activation vector beside them, fit AVX2's 16
-/// registers; each activation load feeds two `vpmaddubsw`, each code vector four.
-const TILE_ROWS: usize = 2;
+/// Rows of a batched I2/TQ2 tile ([`code_tile`]): one row × [`GROUP`] tokens, so that one
+/// decode of a field's codes serves four tokens and nothing spills. Measured against the
+/// alternatives (Zen 3, `bitnet-bench kernels --batch 8`, Mrow·tok/s, 2560-wide rows / the
+/// 6912-wide down projection): 1 × 4 45.7 / 18.2; 2 × 4 39–42 / 16.1–16.6 (eight i16
+/// accumulators, two code rows, the activation and the mask left LLVM spilling accumulators
+/// with AVX2's 16 registers); 1 × 8 44.8 / 12.5 (eight tokens of 6912-wide activations, 55 KiB,
+/// overflow the 32 KiB L1d).
+const TILE_ROWS: usize = 1;
 
 /// Blocks of 256 codes summed in i16 lanes before they are widened to i32 (one `vpmaddwd` per
 /// accumulator): a `vpmaddubsw` pair sum of codes ≤ 2 and activations in [−128, 127] lies in
@@ -427,23 +431,17 @@ const TILE_ROWS: usize = 2;
 /// every half block, as the kernels before these did, cost one multiply for four.
 const I16_BLOCKS: usize = 4;
 
-/// Runs `$tile::<R, G>($args…)` for R ∈ {2, 1} (`$rows` ≥ 2 or not) and token count `$g` ∈
-/// 1..=4 of a [`batched_tiles`] step; evaluates to R.
+/// Runs `$tile::<1, G>($args…)` for the token count `$g` ∈ 1..=4 of a [`batched_tiles`] step
+/// and evaluates to the one row it did.
 macro_rules! code_tile_for {
-    ($tile:ident, $rows:expr, $g:expr, ($($arg:expr),*)) => {{
-        let rows = if $rows >= 2 { 2 } else { 1 };
-        match (rows, $g) {
-            (2, 1) => $tile::<2, 1>($($arg),*),
-            (2, 2) => $tile::<2, 2>($($arg),*),
-            (2, 3) => $tile::<2, 3>($($arg),*),
-            (2, 4) => $tile::<2, 4>($($arg),*),
-            (1, 1) => $tile::<1, 1>($($arg),*),
-            (1, 2) => $tile::<1, 2>($($arg),*),
-            (1, 3) => $tile::<1, 3>($($arg),*),
-            (1, 4) => $tile::<1, 4>($($arg),*),
-            _ => unreachable!("token groups are 1..=4"),
+    ($tile:ident, $g:expr, ($($arg:expr),*)) => {{
+        match $g {
+            1 => $tile::<1, 1>($($arg),*),
+            2 => $tile::<1, 2>($($arg),*),
+            3 => $tile::<1, 3>($($arg),*),
+            _ => $tile::<1, GROUP>($($arg),*),
         }
-        rows
+        1
     }};
 }
 
@@ -451,8 +449,8 @@ macro_rules! code_tile_for {
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     if batch > 1 {
-        batched_tiles::<TILE_ROWS, GROUP>(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
-            code_tile_for!(i2_tile, left, g, (w, r, x, b0, first, o))
+        batched_tiles::<TILE_ROWS, GROUP>(rows, w.row_bytes(), batch, out, |r, _, b0, g, first, o| {
+            code_tile_for!(i2_tile, g, (w, r, x, b0, first, o))
         });
         return;
     }
@@ -491,14 +489,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
-    let mut src = [std::ptr::null::<u8>(); R];
-    for (i, s) in src.iter_mut().enumerate() {
-        *s = w.row(r + i).as_ptr();
-    }
-    let mut xs = [std::ptr::null::<u8>(); G];
-    for (g, p) in xs.iter_mut().enumerate() {
-        *p = x.token(b0 + g).as_ptr() as *const u8;
-    }
+    let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr(), r, x, b0);
     let sums = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     for i in 0..R {
@@ -511,6 +502,24 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
             out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
     }
+}
+
+/// The first bytes of rows `r..r+R` (`row(i)`: row i's) and of tokens `b0..b0+G`'s activations.
+#[inline(always)]
+fn tile_pointers<const R: usize, const G: usize>(
+    row: impl Fn(usize) -> *const u8,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+) -> ([*const u8; R], [*const u8; G]) {
+    let (mut src, mut xs) = ([std::ptr::null(); R], [std::ptr::null(); G]);
+    for (i, s) in src.iter_mut().enumerate() {
+        *s = row(r + i);
+    }
+    for (g, p) in xs.iter_mut().enumerate() {
+        *p = x.token(b0 + g).as_ptr() as *const u8;
+    }
+    (src, xs)
 }
 
 /// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit
@@ -618,12 +627,11 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     let batch = x.batch();
     if batch > 1 {
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
-        batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
+        batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, _, b0, g, first, o| {
             // Rows with one scale for all their blocks take the integer tiles, as I2; a row
             // with a scale per block takes the f64 kernel.
-            let uniform = (r..r + left).take_while(|&j| w.row_has_uniform_scale(j)).count();
-            if uniform > 0 {
-                return code_tile_for!(tq2_uniform_tile, uniform, g, (w, r, x, b0, first, o));
+            if w.row_has_uniform_scale(r) {
+                return code_tile_for!(tq2_uniform_tile, g, (w, r, x, b0, first, o));
             }
             tq2_row_block_scaled(w, r, x, b0, &mut o[b0..b0 + g]);
             1
@@ -683,14 +691,7 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
-    let mut src = [std::ptr::null::<u8>(); R];
-    for (i, s) in src.iter_mut().enumerate() {
-        *s = w.row(r + i).as_ptr() as *const u8;
-    }
-    let mut xs = [std::ptr::null::<u8>(); G];
-    for (g, p) in xs.iter_mut().enumerate() {
-        *p = x.token(b0 + g).as_ptr() as *const u8;
-    }
+    let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr() as *const u8, r, x, b0);
     let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
     for i in 0..R {
         let d = f16_to_f64(w.row(r + i)[0].d);
