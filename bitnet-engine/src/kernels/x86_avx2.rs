@@ -538,7 +538,7 @@ unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
     xs: [*const u8; G],
     prefetch: bool,
 ) -> [[i32; G]; R] {
-    let (mask, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+    let ones = _mm256_set1_epi16(1);
     // Plain loops and arrays, not array::from_fn: its closures are not always inlined, and out
     // of line they lose this function's target features.
     let mut acc = [[_mm256_setzero_si256(); G]; R];
@@ -559,15 +559,10 @@ unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
                     raw[i] = load(src[i].add(off + 32 * h));
                 }
                 for n in 0..4 {
+                    // Field n only: the other three of `split4` are unused and folded away.
                     let mut c = [_mm256_setzero_si256(); R];
                     for i in 0..R {
-                        let v = match n {
-                            0 => raw[i],
-                            1 => _mm256_srli_epi16::<2>(raw[i]),
-                            2 => _mm256_srli_epi16::<4>(raw[i]),
-                            _ => _mm256_srli_epi16::<6>(raw[i]),
-                        };
-                        c[i] = _mm256_and_si256(v, mask);
+                        c[i] = split4(raw[i])[n];
                     }
                     let x_off = if TQ2 { 128 * h + 32 * n } else { 64 * n + 32 * h };
                     for g in 0..G {
