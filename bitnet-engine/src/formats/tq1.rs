@@ -63,6 +63,9 @@ pub struct Tq1Matrix {
     blocks: PageVec<BlockTq1_0>,
     /// `[rows]`: whether every block of the row has the same scale bits (see `Tq2Matrix`).
     uniform: Vec<bool>,
+    /// `[rows]`: the sum of the row's base-3 digits (weight + 1 summed over the row), for kernels
+    /// that multiply digits by activations offset to unsigned bytes and take the offset back.
+    digit_sums: Vec<i32>,
 }
 
 impl Tq1Matrix {
@@ -103,7 +106,8 @@ impl Tq1Matrix {
             )));
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
-        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform })
+        let digit_sums = row_digit_sums(&blocks, cols / QK_K);
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, digit_sums })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -164,6 +168,11 @@ impl Tq1Matrix {
     pub fn row_has_uniform_scale(&self, r: usize) -> bool {
         self.uniform[r]
     }
+    /// Σ of row `r`'s digits (each weight + 1), whatever the blocks' scales.
+    #[inline]
+    pub fn row_digit_sum(&self, r: usize) -> i32 {
+        self.digit_sums[r]
+    }
     pub fn row(&self, r: usize) -> &[BlockTq1_0] {
         let n = self.blocks_per_row();
         &self.blocks[r * n..(r + 1) * n]
@@ -174,6 +183,25 @@ impl Tq1Matrix {
     pub fn byte_len(&self) -> usize {
         self.blocks.len() * std::mem::size_of::<BlockTq1_0>()
     }
+}
+
+/// Each row's sum of digits, through tables of a byte's digit sum (five digits for `qs`, four
+/// for `qh`, whose fifth is no weight): two lookups per byte keep a 2B4T-sized load quick.
+fn row_digit_sums(blocks: &[BlockTq1_0], per_row: usize) -> Vec<i32> {
+    let table =
+        |digits: usize| -> [u8; 256] { std::array::from_fn(|b| (0..digits).map(|n| tq1_digit(b as u8, n)).sum()) };
+    let (qs_sums, qh_sums) = (table(5), table(4));
+    blocks
+        .chunks(per_row.max(1))
+        .map(|row| {
+            row.iter()
+                .map(|b| {
+                    let qs: i32 = b.qs.iter().map(|&q| qs_sums[q as usize] as i32).sum();
+                    qs + b.qh.iter().map(|&q| qh_sums[q as usize] as i32).sum::<i32>()
+                })
+                .sum()
+        })
+        .collect()
 }
 
 fn pack_block(src: &[i8], d: f16) -> BlockTq1_0 {
@@ -227,5 +255,26 @@ mod tests {
         assert_eq!(p.byte_len(), 3 * 2 * 54);
         assert_eq!(p.unpack(), m);
         assert_eq!(Tq1Matrix::from_bytes(3, 512, &p.to_bytes()).unwrap(), p);
+    }
+
+    #[test]
+    fn row_digit_sums_count_every_weight_plus_one() {
+        // Arbitrary bytes too: every byte decodes, and qh's fifth digit is no weight.
+        let mut g = SplitMix64::stream(5, 0);
+        let mut bytes = vec![0u8; 4 * 3 * 54];
+        for b in bytes.iter_mut() {
+            *b = g.next_u64() as u8;
+        }
+        for block in bytes.chunks_exact_mut(54) {
+            block[52..].copy_from_slice(&f16::from_f32(0.25).to_bits().to_le_bytes());
+        }
+        let random = Tq1Matrix::from_bytes(4, 768, &bytes).unwrap();
+        let packed = Tq1Matrix::pack(&TernaryMatrix::random(3, 512, 0.5, 11)).unwrap();
+        for m in [random, packed] {
+            for r in 0..m.rows() {
+                let want: i32 = (0..m.cols()).map(|k| m.get(r, k) as i32 + 1).sum();
+                assert_eq!(m.row_digit_sum(r), want, "row {r}");
+            }
+        }
     }
 }

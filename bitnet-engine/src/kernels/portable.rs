@@ -442,6 +442,17 @@ pub(crate) fn tq1_digit_order(x: &[i8], dst: &mut [i8]) {
 /// scale (`d`) or lies past the row. A kernel then uses all 64 lanes of every load, where
 /// block-aligned loads use 52. `dst.len()` must be `row_chunks(x.len() / 256) × 320`.
 pub(crate) fn tq1_row_digit_order(x: &[i8], dst: &mut [i8]) {
+    tq1_row_order_with(x, dst, false)
+}
+
+/// [`tq1_row_digit_order`] with every activation offset to an unsigned byte, `x + 128` (as
+/// `x ^ 0x80`), and still 0 in the lanes that hold no weight: a kernel can then multiply it
+/// (unsigned) by signed digit bytes and take back 128 × the row's digit sum.
+pub(crate) fn tq1_row_digit_order_offset(x: &[i8], dst: &mut [i8]) {
+    tq1_row_order_with(x, dst, true)
+}
+
+fn tq1_row_order_with(x: &[i8], dst: &mut [i8], offset: bool) {
     const BLOCK_BYTES: usize = std::mem::size_of::<BlockTq1_0>();
     debug_assert!(dst.len() == tq1_row_chunks(x.len() / QK_K) * TQ1_DIGIT_BLOCK);
     dst.fill(0);
@@ -450,7 +461,13 @@ pub(crate) fn tq1_row_digit_order(x: &[i8], dst: &mut [i8]) {
         while !src.is_empty() {
             let len = src.len().min(64 - p % 64);
             let at = p / 64 * TQ1_DIGIT_BLOCK + 64 * n + p % 64;
-            dst[at..at + len].copy_from_slice(&src[..len]);
+            if offset {
+                for (d, &s) in dst[at..at + len].iter_mut().zip(&src[..len]) {
+                    *d = s ^ i8::MIN;
+                }
+            } else {
+                dst[at..at + len].copy_from_slice(&src[..len]);
+            }
             (p, src) = (p + len, &src[len..]);
         }
     };
