@@ -683,6 +683,36 @@ mod tests {
     }
 
     #[test]
+    fn tq1_row_orders_put_each_activation_under_its_digit_of_the_row_stream() {
+        // From the format's position table: weight i of block blk is digit n of code byte m,
+        // row byte 54·blk + m, so its activation sits in lane (row byte mod 64) of vector n of
+        // chunk (row byte / 64); every other lane (scales, qh's fifth digit, past the row) is
+        // zero, in both orders. The offset order holds x + 128 as a byte (x ^ 0x80), so that
+        // 0 there means a lane with no weight or x = −128. Three blocks: chunks that straddle
+        // blocks and a partial last chunk.
+        const BLOCKS: usize = 3;
+        let x: Vec<i8> = (0..BLOCKS * QK_K).map(|i| (i * 37 % 256) as u8 as i8).collect();
+        assert!(x.contains(&0) && x.contains(&i8::MIN) && x.contains(&i8::MAX));
+        let len = tq1_row_chunks(BLOCKS) * TQ1_DIGIT_BLOCK;
+        let (mut plain, mut offset) = (vec![99i8; len], vec![99i8; len]);
+        tq1_row_digit_order(&x, &mut plain);
+        tq1_row_digit_order_offset(&x, &mut offset);
+        let (mut want_plain, mut want_offset) = (vec![0i8; len], vec![0i8; len]);
+        for blk in 0..BLOCKS {
+            for i in 0..QK_K {
+                let (m, n) = tq1_position(i);
+                let p = blk * std::mem::size_of::<BlockTq1_0>() + m;
+                let at = p / 64 * TQ1_DIGIT_BLOCK + 64 * n + p % 64;
+                let v = x[blk * QK_K + i];
+                want_plain[at] = v;
+                want_offset[at] = (v as i32 + 128) as u8 as i8;
+            }
+        }
+        assert_eq!(plain, want_plain);
+        assert_eq!(offset, want_offset);
+    }
+
+    #[test]
     fn tq2_lane_order_puts_each_activation_under_its_field() {
         // From the format's position table: weight i of a block is field s/2 of code byte m,
         // so its activation must sit in lane m of vector s/2.
