@@ -410,9 +410,8 @@ fn run_model(a: RunCmd) -> Result<()> {
         },
     })?;
     println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
-    let decode_tps = out.decode_steps as f64 / out.decode_secs;
-    eprintln!(
-        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s); decode {} steps {:.1} tok/s ({:.2} ms/token); weights read per step {:.1} MiB → {:.1} GB/s",
+    let prefill = format!(
+        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s)",
         out.kernel,
         threads,
         a.kv,
@@ -420,13 +419,23 @@ fn run_model(a: RunCmd) -> Result<()> {
         a.tokens.len(),
         out.prefill_secs * 1e3,
         a.tokens.len() as f64 / out.prefill_secs,
-        out.decode_steps,
-        decode_tps,
-        1e3 / decode_tps,
-        out.bytes_read_per_token as f64 / (1 << 20) as f64,
-        // Weights are read once per step for the whole batch.
-        out.bytes_read_per_token as f64 * decode_tps / a.batch as f64 / 1e9
     );
+    let mib = out.bytes_read_per_token as f64 / (1 << 20) as f64;
+    if out.decode_steps == 0 {
+        // The one new token came from the prefill's logits: there is no decode rate to print.
+        eprintln!(
+            "{prefill}; no decode steps (the new token came from the prefill); weights read per step {mib:.1} MiB"
+        );
+    } else {
+        let decode_tps = out.decode_steps as f64 / out.decode_secs;
+        // Weights are read once per step for the whole batch.
+        let gbps = out.bytes_read_per_token as f64 * decode_tps / a.batch as f64 / 1e9;
+        eprintln!(
+            "{prefill}; decode {} steps {decode_tps:.1} tok/s ({:.2} ms/token); weights read per step {mib:.1} MiB → {gbps:.1} GB/s",
+            out.decode_steps,
+            1e3 / decode_tps,
+        );
+    }
     Ok(())
 }
 

@@ -95,6 +95,20 @@ fn run_prints_tokens_and_writes_one_logits_row_per_token() {
 }
 
 #[test]
+fn run_timings_state_the_decode_rate_only_when_there_were_decode_steps() {
+    let stderr = |n: &str| {
+        let out = bench().args(["run", "--model", "tiny", "--tokens", "1,2,3", "--n-predict", n]).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    // One new token comes from the prefill's logits: no rate of zero steps (once "inf ms/token").
+    let one = stderr("1");
+    assert!(one.contains("no decode steps") && !one.contains("inf") && !one.contains("NaN"), "{one}");
+    let four = stderr("4");
+    assert!(four.contains("decode 3 steps") && four.contains("ms/token") && !four.contains("inf"), "{four}");
+}
+
+#[test]
 fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
     let dir = std::env::temp_dir().join(format!("bitnet-cli-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
