@@ -297,3 +297,26 @@ fn every_schema_field_is_documented_in_reports_readme() {
         }
     }
 }
+
+#[test]
+fn committed_baselines_are_valid_complete_and_of_the_isa_they_name() {
+    // CI diffs against these; a stale or hand-edited baseline would make every diff meaningless.
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if !(name.starts_with("baseline-") && name.ends_with(".json")) {
+            continue;
+        }
+        seen += 1;
+        let r = report::load(&path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(r.complete && !r.results.is_empty(), "{name}: incomplete or empty");
+        assert!(readme.contains(&format!("`{name}`")), "reports/README.md does not describe {name}");
+        // `baseline-quick-avx2.json` holds AVX2 results only; the unsuffixed ones AVX-512.
+        let isa = if name.ends_with("-avx2.json") { "avx2" } else { "avx512" };
+        assert!(r.results.iter().all(|x| x.config.isa == isa), "{name}: results of another ISA than {isa}");
+    }
+    assert!(seen >= 4, "expected the default and quick baselines of both ISAs, found {seen}");
+}
