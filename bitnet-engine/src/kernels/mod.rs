@@ -1061,6 +1061,33 @@ pub fn sum_words(words: &[u64]) -> u64 {
 mod tests {
     use super::*;
 
+    /// The attention kernels' prefetch shares partition the lines of `ahead` in order, for any
+    /// alignment, length and step count (more steps than lines too), and an empty `ahead` asks
+    /// for nothing.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn prefetch_shares_cover_every_line_once_in_order() {
+        let buf = vec![0u16; 4096];
+        for offset in [0usize, 1, 31, 32, 33] {
+            for len in [0usize, 1, 32, 33, 64, 96, 1000, 3000] {
+                let ahead = &buf[offset..offset + len];
+                let bytes = std::mem::size_of_val(ahead);
+                let at = ahead.as_ptr() as usize;
+                let lines = if len == 0 { 0 } else { (at + bytes - (at & !63)).div_ceil(64) };
+                for steps in [1usize, 2, 3, 7, 16, 64, 129, 5000] {
+                    let plan = x86_avx2::PrefetchShares::new(ahead, steps);
+                    let mut next = 0;
+                    for s in 0..steps {
+                        let share = plan.share(s);
+                        assert_eq!(share.start, next, "offset {offset} len {len} steps {steps} share {s}");
+                        next = share.end.max(share.start);
+                    }
+                    assert_eq!(next, lines, "offset {offset} len {len} steps {steps}");
+                }
+            }
+        }
+    }
+
     /// The AVX2 tile transpose equals the plain loops on every shape class: whole tiles, row
     /// and column edges, one row or column, and column ranges starting anywhere.
     #[test]

@@ -287,21 +287,44 @@ pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
     }
 }
 
-/// Asks for share `step` of `steps` of the cache lines of `ahead` (in L2): spread over a loop,
-/// the next step's rows stream in under this step's arithmetic, where asking for them all at
-/// once stalls on the full miss queue (large decode, one thread: keys and values read at 14–17
-/// GB/s in the model).
-#[inline(always)]
-pub(crate) unsafe fn prefetch_share<T>(ahead: &[T], step: usize, steps: usize) {
-    let bytes = std::mem::size_of_val(ahead);
-    if bytes == 0 {
-        return;
+/// Asks for the cache lines of `ahead` (in L2) a share at a time: spread over a loop of
+/// `steps` steps, the next step's rows stream in under this step's arithmetic, where asking for
+/// them all at once stalls on the full miss queue (large decode, one thread: keys and values
+/// read at 14–17 GB/s in the model). Built once per loop: share boundaries are a multiply and a
+/// shift per step, where dividing per step (two 64-bit divisions per key) had cost about as
+/// much as the key's dot product.
+#[derive(Clone, Copy)]
+pub(crate) struct PrefetchShares {
+    start: usize,
+    lines: usize,
+    /// ⌈lines · 2³² / steps⌉: share `s` starts at line `s · per_step >> 32`.
+    per_step: u64,
+}
+
+impl PrefetchShares {
+    pub(crate) fn new<T>(ahead: &[T], steps: usize) -> Self {
+        let bytes = std::mem::size_of_val(ahead);
+        let at = ahead.as_ptr() as usize;
+        let start = at & !63;
+        let lines = if bytes == 0 { 0 } else { (at + bytes - start).div_ceil(64) };
+        let per_step = ((lines as u64) << 32).div_ceil(steps.max(1) as u64);
+        Self { start, lines, per_step }
     }
-    let at = ahead.as_ptr() as usize;
-    let start = at & !63;
-    let lines = (at + bytes - start).div_ceil(64);
-    for l in lines * step / steps..lines * (step + 1) / steps {
-        _mm_prefetch::<_MM_HINT_T1>((start + 64 * l) as *const i8);
+
+    /// The lines of share `step`: shares 0..steps together cover every line once, in order.
+    #[inline(always)]
+    pub(crate) fn share(&self, step: usize) -> Range<usize> {
+        let line = |s: usize| (((s as u64 * self.per_step) >> 32) as usize).min(self.lines);
+        line(step)..line(step + 1)
+    }
+
+    /// Asks for share `step` in L2.
+    #[inline(always)]
+    pub(crate) fn issue(&self, step: usize) {
+        for l in self.share(step) {
+            // SAFETY: SSE is part of x86-64; a prefetch is a hint that never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>((self.start + 64 * l) as *const i8) };
+        }
     }
 }
 
@@ -1043,9 +1066,9 @@ unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: 
     if !hd.is_multiple_of(16) {
         return super::attention_scores_portable(q, keys, scale, out);
     }
-    let rows = out.len();
+    let shares = PrefetchShares::new(ahead, out.len());
     for (p, o) in out.iter_mut().enumerate() {
-        prefetch_share(ahead, p, rows);
+        shares.issue(p);
         let k = keys.as_ptr().add(p * hd);
         let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for i in (0..hd).step_by(16) {
@@ -1103,10 +1126,9 @@ unsafe fn axpy_block<K: Lanes8, const C: usize>(
 ) {
     let out = o.as_mut_ptr().add(d0);
     let mut acc: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(out.add(8 * c)));
+    let shares = PrefetchShares::new(if first { ahead } else { &[] }, w.len());
     for (p, wp) in w.iter().enumerate() {
-        if first {
-            prefetch_share(ahead, p, w.len());
-        }
+        shares.issue(p);
         let wv = _mm256_set1_ps(*wp);
         let v = values.as_ptr().add(p * hd + d0);
         for (c, a) in acc.iter_mut().enumerate() {

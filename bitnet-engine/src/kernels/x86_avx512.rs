@@ -12,8 +12,8 @@ use super::portable::{
     i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_share,
-    prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with,
+    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_stream,
+    prefetch_stream_span, times3_asm, tq1_rows_with, PrefetchShares,
 };
 use super::{batched_tiles, finish_blocks, finish_tensor, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -1261,16 +1261,17 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
     let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), out.len(), keys.as_ptr() as *const u8);
     // One share of `ahead` per 16 keys, and one for the keys after the last 16.
     let steps = rows / 16 + 1;
+    let shares = PrefetchShares::new(ahead, steps);
     prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, rows);
     let mut p = 0;
     while p + 16 <= rows {
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 16, rows);
-        prefetch_share(ahead, p / 16, steps);
+        shares.issue(p / 16);
         let v = scores16(q, keys.as_ptr().add(p * hd));
         _mm512_storeu_ps(out.as_mut_ptr().add(p), _mm512_mul_ps(v, _mm512_set1_ps(scale)));
         p += 16;
     }
-    prefetch_share(ahead, steps - 1, steps);
+    shares.issue(steps - 1);
     for (p, o) in out.iter_mut().enumerate().skip(p) {
         let k = keys.as_ptr().add(p * hd);
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
@@ -1371,10 +1372,11 @@ unsafe fn axpy_block<K: Lanes, const C: usize>(
     let n = ob.len();
     let width = |c: usize| (n - 16 * c).min(16);
     let mut acc: [__m512; C] = std::array::from_fn(|c| f32::load16(ob.as_ptr().add(16 * c), width(c)));
+    let shares = PrefetchShares::new(ahead, rows);
     for (p, wp) in w.iter().enumerate() {
         if first {
             prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
-            prefetch_share(ahead, p, rows);
+            shares.issue(p);
         }
         let wv = _mm512_set1_ps(*wp);
         for (c, a) in acc.iter_mut().enumerate() {
