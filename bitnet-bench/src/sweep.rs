@@ -547,7 +547,13 @@ impl Runner for EngineRunner {
         let kv = c.kv.bytes_per_token(cfg) * (c.context_length + max_new) * c.batch;
         let rows = c.batch.max(64);
         let buffers = rows * (cfg.vocab * 2 + 4 * cfg.hidden + 2 * cfg.ffn) * 4;
-        (kv + buffers) as u64
+        // Encoded caches: each thread decodes a head's keys and values for prompt attention.
+        let prompt = if matches!(c.kv, KvPrecision::F32 | KvPrecision::F16) {
+            0
+        } else {
+            c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4
+        };
+        (kv + buffers + prompt) as u64
     }
 
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {

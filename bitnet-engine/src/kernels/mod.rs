@@ -835,6 +835,22 @@ fn decode_rows(p: KvPrecision, rows: &[u8], vb: usize, hd: usize, buf: &mut [f32
     }
 }
 
+/// Decodes encoded KV vectors (`precision.bytes_per_vector(hd)` bytes each) into `dst` (one `hd`
+/// row each), as [`KvPrecision::decode`] would one at a time, compiled for the widest ISA the
+/// CPU has: for a prompt's attention, which decodes each head's rows once for all its query rows.
+pub(crate) fn decode_kv_rows(precision: KvPrecision, bytes: &[u8], hd: usize, dst: &mut [f32]) {
+    widest_compiled!(decode_kv_rows, decode_kv_rows_portable, precision, bytes, hd, dst)
+}
+
+#[inline(always)]
+pub(crate) fn decode_kv_rows_portable(precision: KvPrecision, bytes: &[u8], hd: usize, dst: &mut [f32]) {
+    #[inline(always)]
+    fn each(p: KvPrecision, bytes: &[u8], hd: usize, dst: &mut [f32]) {
+        decode_rows(p, bytes, p.bytes_per_vector(hd), hd, dst, &[], 0);
+    }
+    with_const_precision!(precision, each(bytes, hd, dst))
+}
+
 #[inline(always)]
 pub(crate) fn attention_scores_encoded_portable(
     precision: KvPrecision,

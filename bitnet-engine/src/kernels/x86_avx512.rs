@@ -1176,6 +1176,8 @@ compiled_for! {
         super::attention_scores_encoded_portable;
     attention_weighted_sum_encoded(precision: crate::model::KvPrecision, w: &[f32], values: &[u8], o: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
         super::attention_weighted_sum_encoded_portable;
+    decode_kv_rows(precision: crate::model::KvPrecision, bytes: &[u8], hd: usize, dst: &mut [f32]) =
+        super::decode_kv_rows_portable;
 }
 
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
