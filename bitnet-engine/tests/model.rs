@@ -120,16 +120,7 @@ fn prefill_as_a_matrix_equals_token_by_token() {
 fn prompt_attention_head_by_head_equals_row_by_row_at_every_kv_precision() {
     let model = tiny(WeightFormat::I2);
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 53 + 7) % 512).collect();
-    let all = [
-        KvPrecision::F32,
-        KvPrecision::F16,
-        KvPrecision::Bf16,
-        KvPrecision::Fp8,
-        KvPrecision::Int8,
-        KvPrecision::Int4,
-        KvPrecision::Int2,
-    ];
-    for kv in all {
+    for kv in KvPrecision::ALL {
         for threads in [1, 2, 3] {
             let logits_in_chunks = |rows: usize| {
                 let mut st = state(&model, kv, threads, 1);
