@@ -548,11 +548,8 @@ impl Runner for EngineRunner {
         let rows = c.batch.max(64);
         let buffers = rows * (cfg.vocab * 2 + 4 * cfg.hidden + 2 * cfg.ffn) * 4;
         // Encoded caches: each thread decodes a head's keys and values for prompt attention.
-        let prompt = if matches!(c.kv, KvPrecision::F32 | KvPrecision::F16) {
-            0
-        } else {
-            c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4
-        };
+        let prompt =
+            if c.kv.is_encoded() { c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4 } else { 0 };
         (kv + buffers + prompt) as u64
     }
 

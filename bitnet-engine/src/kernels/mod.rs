@@ -906,6 +906,26 @@ pub(crate) fn attention_weighted_sum_encoded_portable(
 /// on Sapphire Rapids; 512 KiB on older cores).
 pub(crate) const ROW_BLOCK_BYTES: usize = 128 * 1024;
 
+/// The first bytes of rows `r..r+R` (`row(i)`: row i's) and of tokens `b0..b0+G`'s activations,
+/// for the register tiles of every ISA. Plain loops, not `array::from_fn`, whose closures are
+/// not always inlined into a kernel.
+#[inline(always)]
+pub(crate) fn tile_pointers<const R: usize, const G: usize>(
+    row: impl Fn(usize) -> *const u8,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+) -> ([*const u8; R], [*const u8; G]) {
+    let (mut src, mut xs) = ([std::ptr::null(); R], [std::ptr::null(); G]);
+    for (i, s) in src.iter_mut().enumerate() {
+        *s = row(r + i);
+    }
+    for (g, p) in xs.iter_mut().enumerate() {
+        *p = x.token(b0 + g).as_ptr() as *const u8;
+    }
+    (src, xs)
+}
+
 /// Calls `tile(r, rows_left, b0, g, first, out_r)` over rows × tokens of a batched (B > 1)
 /// matmul: blocks of rows of about [`ROW_BLOCK_BYTES`]; in each block, the tokens in groups of
 /// up to `TILE_TOKENS` (`first` for the first group, which streams the block from memory); in

@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::portable::{
     decode_tq1_qh, i2_tail_dot, run, tq1_row_chunks, tq1_row_digit_order_offset, IsaOps, TQ1_DIGIT_BLOCK,
 };
-use super::{batched_tiles, finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -527,24 +527,6 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
             out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
     }
-}
-
-/// The first bytes of rows `r..r+R` (`row(i)`: row i's) and of tokens `b0..b0+G`'s activations.
-#[inline(always)]
-fn tile_pointers<const R: usize, const G: usize>(
-    row: impl Fn(usize) -> *const u8,
-    r: usize,
-    x: &ActivationBatch,
-    b0: usize,
-) -> ([*const u8; R], [*const u8; G]) {
-    let (mut src, mut xs) = ([std::ptr::null(); R], [std::ptr::null(); G]);
-    for (i, s) in src.iter_mut().enumerate() {
-        *s = row(r + i);
-    }
-    for (g, p) in xs.iter_mut().enumerate() {
-        *p = x.token(b0 + g).as_ptr() as *const u8;
-    }
-    (src, xs)
 }
 
 /// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit

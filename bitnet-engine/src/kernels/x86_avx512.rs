@@ -15,7 +15,7 @@ use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_stream,
     prefetch_stream_span, times3_asm, tq1_rows_with, PrefetchShares,
 };
-use super::{batched_tiles, finish_blocks, finish_tensor, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -299,8 +299,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
-    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr());
-    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr(), r, x, b0);
     let sums = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     if G == TILE_TOKENS && t == 0 {
@@ -648,8 +647,7 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     prefetch: bool,
     out: &mut [f32],
 ) {
-    let src: [*const u8; R] = std::array::from_fn(|i| w.row(r + i).as_ptr() as *const u8);
-    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr() as *const u8, r, x, b0);
     let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
     let d: [f64; R] = std::array::from_fn(|i| f16_to_f64(w.row(r + i)[0].d));
     finish_uniform_tile::<R, G>(sums, d, x, b0, out);

@@ -168,7 +168,7 @@ impl State {
         let pool = WorkerPool::new(opts.threads, opts.pin)?;
         let hd = cfg.head_dim();
         // Prompt attention decodes an encoded cache's rows into per-thread f32 buffers.
-        let encoded_kv = !matches!(opts.kv_precision, KvPrecision::F32 | KvPrecision::F16);
+        let encoded_kv = opts.kv_precision.is_encoded();
         // The largest kernel output: a projection, or the LM head's [vocab, rows].
         // The widest matmul output: Q, K and V together, gate and up together, or the LM head.
         let max_n = (cfg.q_dim() + 2 * cfg.kv_dim()).max(2 * cfg.ffn).max(cfg.hidden).max(cfg.vocab);
@@ -836,8 +836,7 @@ fn attention(
     let group = heads / cfg.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let precision = kv.precision();
-    let encoded = !matches!(precision, KvPrecision::F32 | KvPrecision::F16);
-    let head_major = encoded && rows >= HEAD_MAJOR_ROWS;
+    let head_major = precision.is_encoded() && rows >= HEAD_MAJOR_ROWS;
     // Item i's (row, head).
     let at = |i: usize| if head_major { (i % rows, i / rows) } else { (i / heads, i % heads) };
     let on = workers[0].rec.on();
@@ -867,32 +866,22 @@ fn attention(
                     }
                     kv.key_rows(layer, seq, kh, pos + 1).prefetch();
                 }
-                let (keys, values) = (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
+                let (mut keys, mut values) =
+                    (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
                 if let (KvRows::Encoded(k), KvRows::Encoded(v), true) = (&keys, &values, head_major) {
-                    // Decode only the rows this item needs beyond those already decoded.
+                    // Decode only the rows this item needs beyond those already decoded, then
+                    // attend over the f32 rows as over an f32 cache.
                     if prompt_of != Some((seq, kh)) {
                         (prompt_of, prompt_rows) = (Some((seq, kh)), 0);
                     }
                     if pos + 1 > prompt_rows {
                         let (from, vb) = (prompt_rows, vec_bytes as usize);
-                        let (kf, vf) = (
-                            &mut s.prompt_keys[from * hd..(pos + 1) * hd],
-                            &mut s.prompt_values[from * hd..(pos + 1) * hd],
-                        );
-                        decode_kv_rows(precision, &k[from * vb..], hd, kf);
-                        decode_kv_rows(precision, &v[from * vb..], hd, vf);
+                        decode_kv_rows(precision, &k[from * vb..], hd, &mut s.prompt_keys[from * hd..(pos + 1) * hd]);
+                        decode_kv_rows(precision, &v[from * vb..], hd, &mut s.prompt_values[from * hd..(pos + 1) * hd]);
                         prompt_rows = pos + 1;
                     }
-                    let (kf, vf) = (&s.prompt_keys[..(pos + 1) * hd], &s.prompt_values[..(pos + 1) * hd]);
-                    attention_scores(qh, kf, scale, scores, &[]);
-                    let kv_bytes = vec_bytes * (pos + 1) as u64;
-                    let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
-                    softmax_in_place(scores);
-                    let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
-                    o.fill(0.0);
-                    attention_weighted_sum(scores, vf, o, &[]);
-                    s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
-                    continue;
+                    keys = KvRows::F32(&s.prompt_keys[..(pos + 1) * hd]);
+                    values = KvRows::F32(&s.prompt_values[..(pos + 1) * hd]);
                 }
                 // The cache is cold at every step (the weights streamed since evicted it), and one
                 // head's rows are a few KiB, too short for the hardware prefetcher: the scores ask

@@ -49,6 +49,12 @@ impl KvPrecision {
         KvPrecision::Int2,
     ];
 
+    /// Stored as bytes that attention decodes to f32 (`KvRows::Encoded`): every precision but
+    /// f32 and f16, which attention reads as they are.
+    pub fn is_encoded(self) -> bool {
+        !matches!(self, KvPrecision::F32 | KvPrecision::F16)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             KvPrecision::F32 => "f32",
