@@ -92,6 +92,7 @@ fn activations(batch: usize, cols: usize) -> Result<ActivationBatch> {
     let mut a = ActivationBatch::new(batch, cols)?;
     a.quantize(&x)?;
     a.build_planes();
+    a.build_lut();
     Ok(a)
 }
 
@@ -119,7 +120,7 @@ fn time_calls(min_time: Duration, samples: usize, mut f: impl FnMut() -> Result<
 }
 
 fn result(kernel: Kernel, w: &PackedWeights, shape: &str, batch: usize, streaming: bool, secs: f64) -> KernelResult {
-    let bytes = w.byte_len();
+    let bytes = kernel.bytes_read(w);
     KernelResult {
         kernel: kernel.name(),
         format: w.format(),
@@ -147,6 +148,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         for kernel in &opts.kernels {
             let format = kernel.family().native_format();
             let w = format.random(*n, *k, 0.02, 7)?;
+            kernel.prepare(&w);
             for &b in &opts.batches {
                 let x = activations(b, *k)?;
                 let mut out = vec![0f32; n * b];
@@ -180,6 +182,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         for kernel in best {
             let format = kernel.family().native_format();
             let one = format.random(n, k, 0.02, 0)?;
+            kernel.prepare(&one); // the copies below copy the repack too
             let count = opts.streaming_bytes.div_ceil(one.byte_len()).max(2);
             // Distinct copies in memory; kernel timing does not depend on the values.
             let set: Vec<PackedWeights> = vec![one; count];

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
+use bitnet_engine::formats::tq1_lut::lut_table_bytes;
 use bitnet_engine::instrument::{Level, Phase};
 use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
@@ -550,7 +551,12 @@ impl Runner for EngineRunner {
         // Encoded caches: each thread decodes a head's keys and values for prompt attention.
         let prompt =
             if c.kv.is_encoded() { c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4 } else { 0 };
-        (kv + buffers + prompt) as u64
+        // The `lut` form of tq1 keeps a repack of the linear weights beside them, and each
+        // activation buffer one table per group of three columns per row.
+        let repack = self.model.weights.repack_bytes(Some(c.kernel));
+        let tables =
+            if c.kernel.uses_lut() { rows * (lut_table_bytes(cfg.hidden) + lut_table_bytes(cfg.ffn)) } else { 0 };
+        (kv + buffers + prompt + repack + tables) as u64
     }
 
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {
@@ -580,8 +586,8 @@ impl Runner for EngineRunner {
             .collect();
         let kv_token = combo.kv.bytes_per_token(cfg) as u64;
         let mean_positions = combo.context_length as u64 + max_new as u64 / 2;
-        let bytes_per_step =
-            self.model.weights.bytes_read_per_token() as u64 + combo.batch as u64 * kv_token * mean_positions;
+        let bytes_per_step = self.model.weights.bytes_read_per_token_by(Some(combo.kernel)) as u64
+            + combo.batch as u64 * kv_token * mean_positions;
         let prepared = Prepared {
             weight_bytes: self.model_info().weight_bytes,
             kv_cache_bytes: st.kv_cache().byte_len() as u64,

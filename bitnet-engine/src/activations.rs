@@ -7,6 +7,7 @@
 
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
+use crate::formats::tq1_lut::lut_table_bytes;
 
 /// Activations are stored padded with zeros to a multiple of this many columns, so every kernel
 /// can read whole 256-wide blocks; zeros contribute nothing to any dot product.
@@ -40,6 +41,10 @@ pub struct ActivationBatch {
     /// `[batch, 8]`: popcount of each plane.
     plane_counts: Vec<u32>,
     planes_ready: bool,
+    /// `[batch, lut_table_bytes(cols)]`: each token's tables for the table-lookup TQ1 kernels
+    /// (see `formats::tq1_lut`); filled by `build_lut`, allocated on its first call.
+    lut: AlignedBytes,
+    lut_ready: bool,
 }
 
 /// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
@@ -127,6 +132,8 @@ impl ActivationBatch {
             planes: vec![0; batch * ACT_PLANES * words],
             plane_counts: vec![0; batch * ACT_PLANES],
             planes_ready: false,
+            lut: AlignedBytes::zeroed(0),
+            lut_ready: false,
         })
     }
 
@@ -138,6 +145,7 @@ impl ActivationBatch {
         }
         self.batch = batch;
         self.planes_ready = false;
+        self.lut_ready = false;
         Ok(())
     }
 
@@ -204,6 +212,24 @@ impl ActivationBatch {
             self.sums[b] = total;
         }
         self.planes_ready = false;
+        self.lut_ready = false;
+    }
+
+    /// Builds every token's lookup tables (for the `lut` form of the TQ1 kernels): for each
+    /// group of three columns, the sums of the 14 sign-normalized ternary patterns. The first
+    /// call allocates room for the batch's capacity; later ones allocate nothing. Never
+    /// inlined: part of the `quantize` stage.
+    #[inline(never)]
+    pub fn build_lut(&mut self) {
+        let stride = lut_table_bytes(self.cols);
+        if self.lut.len() < self.capacity * stride {
+            self.lut = AlignedBytes::zeroed(self.capacity * stride);
+        }
+        for b in 0..self.batch {
+            let x = &self.values.as_i8()[b * self.padded..b * self.padded + self.cols];
+            crate::kernels::build_lut_tables(x, &mut self.lut.as_mut_slice()[b * stride..(b + 1) * stride]);
+        }
+        self.lut_ready = true;
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
@@ -279,6 +305,15 @@ impl ActivationBatch {
     }
     pub fn planes_ready(&self) -> bool {
         self.planes_ready
+    }
+    pub fn lut_ready(&self) -> bool {
+        self.lut_ready
+    }
+    /// Token `b`'s lookup tables, `lut_table_bytes(cols)` bytes; valid after `build_lut`.
+    #[inline]
+    pub fn lut(&self, b: usize) -> &[u8] {
+        let stride = lut_table_bytes(self.cols);
+        &self.lut.as_slice()[b * stride..(b + 1) * stride]
     }
     /// Token `b`'s bit-planes, `[8, plane_words]`; valid after `build_planes`.
     #[inline]

@@ -59,6 +59,7 @@ fn activations(batch: usize, k: usize, seed: u64) -> ActivationBatch {
     let mut a = ActivationBatch::new(batch, k).unwrap();
     a.quantize(&x).unwrap();
     a.build_planes();
+    a.build_lut();
     a
 }
 
@@ -175,6 +176,7 @@ fn extreme_activations_equal_oracle() {
                 let mut x = ActivationBatch::new(b, k).unwrap();
                 x.set_quantized(&vec![fill; b * k], &vec![0.25; b]).unwrap();
                 x.build_planes();
+                x.build_lut();
                 for format in WeightFormat::ALL {
                     let Some(w) = pack(format, &m) else { continue };
                     let want = oracle(&w, &x, 0..9);
@@ -211,6 +213,7 @@ fn sums_at_the_integer_limits_equal_oracle() {
             let mut x = ActivationBatch::new(b, k).unwrap();
             x.set_quantized(&vec![fill; b * k], &vec![0.5; b]).unwrap();
             x.build_planes();
+            x.build_lut();
             for format in WeightFormat::ALL {
                 let Some(w) = pack(format, &m) else { continue };
                 let want = oracle(&w, &x, 0..rows);
@@ -279,13 +282,15 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
     // not only on the ones the quantizer writes; and rows with per-block scales (their generic
     // path) sit next to uniform rows (the integer paths: up to four rows at a time for one
     // token; for batches, one row × 8 tokens on 2560-wide rows, 4 × 4 tiles on 6912-wide ones).
+    // With every row uniform the matrix also has a table-lookup repack (the `lut` form); with
+    // some rows mixed it has none and the `lut` form runs the digit kernel.
     let n = 23;
-    for k in [2560usize, 6912] {
+    for (k, mixed) in [(2560usize, true), (6912, true), (2560, false), (6912, false)] {
         let per_row = k / QK_K;
         let mut g = SplitMix64::new(21);
         let mut byte = || (g.next_u64() >> 56) as u8;
         let mut all_values = (0..=255u8).cycle();
-        let uniform = |r: usize| r % 4 != 1;
+        let uniform = |r: usize| !mixed || r % 4 != 1;
         let mut g2 = SplitMix64::new(22);
         let blocks: Vec<BlockTq1_0> = (0..n * per_row)
             .map(|i| {
@@ -302,6 +307,7 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
             .collect();
         let m = Tq1Matrix::from_blocks(n, k, blocks).unwrap();
         assert!((0..n).all(|r| m.row_has_uniform_scale(r) == uniform(r)));
+        assert_eq!(m.lut().is_some(), !mixed);
         let w = PackedWeights::Tq1(m);
         for b in [1, 2, 3, 5, 8, 9, 17] {
             let x = activations(b, k, 40 + b as u64);
@@ -337,6 +343,7 @@ fn tq1_long_rows_on_both_sides_of_the_i32_limit_equal_oracle() {
         let w = PackedWeights::Tq1(Tq1Matrix::from_blocks(n, k, blocks).unwrap());
         let mut x = ActivationBatch::new(1, k).unwrap();
         x.quantize(&vec![-1.0; k]).unwrap();
+        x.build_lut();
         assert_eq!(x.token(0)[k - 1], -127);
         let want = oracle(&w, &x, 0..n);
         for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
@@ -386,6 +393,10 @@ fn mismatched_arguments_are_clear_errors() {
     let bp = WeightFormat::BitPlanes.pack(&m).unwrap();
     let err = xn.matmul(&bp, &no_planes, 0..4, &mut [0.0; 8], &mut s).unwrap_err().to_string();
     assert!(err.contains("build_planes"), "{err}");
+    let lut = Kernel::new(KernelFamily::Tq1, IsaLevel::Scalar, KernelForm::Lut).unwrap();
+    let tq1 = WeightFormat::Tq1_0.pack(&m).unwrap();
+    let err = lut.matmul(&tq1, &no_planes, 0..4, &mut [0.0; 8], &mut s).unwrap_err().to_string();
+    assert!(err.contains("build_lut"), "{err}");
     assert!(Kernel::new(KernelFamily::Scalar, IsaLevel::Avx2, KernelForm::Fused).is_err());
     assert!(Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Split).is_err());
 }
@@ -452,6 +463,7 @@ fn split_stages_run_alone() {
         let v: Vec<f32> = (0..b * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
         x.quantize(&v).unwrap();
         x.build_planes();
+        x.build_lut();
         let mut want = vec![0f32; n * b];
         Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Fused)
             .unwrap()

@@ -255,6 +255,10 @@ pub fn isolated_stages(
         if kernel.family() == bitnet_engine::KernelFamily::Xnor {
             x.build_planes();
         }
+        if kernel.uses_lut() {
+            x.build_lut();
+            kernel.prepare(w);
+        }
         let mut y = vec![0f32; w.rows() * batch];
         let mut runs: Vec<(String, StageRun<'_>)> = Vec::new();
         for stage in SplitStage::of(kernel.family()) {
@@ -265,10 +269,15 @@ pub fn isolated_stages(
             ));
         }
         let xr = &x;
-        let fused = bitnet_engine::Kernel::new(kernel.family(), kernel.isa(), bitnet_engine::KernelForm::Fused);
-        if let Ok(f) = fused {
+        // The whole kernel in one piece: the lut form itself, or the family's fused form.
+        let (whole, name) = if kernel.uses_lut() {
+            (Ok(kernel), "lookup")
+        } else {
+            (bitnet_engine::Kernel::new(kernel.family(), kernel.isa(), bitnet_engine::KernelForm::Fused), "unpack_dot")
+        };
+        if let Ok(f) = whole {
             runs.push((
-                "unpack_dot".into(),
+                name.into(),
                 Box::new(move |s, y| {
                     let _ = f.matmul(w, xr, 0..w.rows(), y, s);
                     y[0].to_bits() as u64

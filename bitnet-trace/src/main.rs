@@ -87,8 +87,8 @@ struct TraceArgs {
     /// ISA level: scalar, avx2, avx512 (default: the best this CPU has).
     #[arg(long)]
     isa: Option<IsaLevel>,
-    /// Kernel form: split (default; unpack and dot timed apart) or fused (the fast form, one
-    /// `unpack_dot` stage).
+    /// Kernel form: split (default; unpack and dot timed apart), fused (one `unpack_dot`
+    /// stage) or lut (tq1 only: one `lookup` stage).
     #[arg(long)]
     form: Option<KernelForm>,
     /// Decode steps after the prefill.

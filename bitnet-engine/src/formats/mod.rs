@@ -4,6 +4,7 @@ pub mod bitplanes;
 pub mod i2;
 pub mod int8;
 pub mod tq1;
+pub mod tq1_lut;
 pub mod tq2;
 
 use std::fmt;
@@ -16,6 +17,7 @@ pub use bitplanes::{BinaryMatrix, BitPlaneMatrix};
 pub use i2::{BlockI2, I2Matrix};
 pub use int8::Int8Rows;
 pub use tq1::{BlockTq1_0, Tq1Matrix};
+pub use tq1_lut::Tq1LutMatrix;
 pub use tq2::{BlockTq2_0, Tq2Matrix, QK_K};
 
 /// A dense matrix read weight by weight from a packed one through its plain decoder: how

@@ -14,6 +14,7 @@ use half::f16;
 
 use crate::aligned::PageVec;
 use crate::error::{Error, Result};
+use crate::formats::tq1_lut::Tq1LutMatrix;
 use crate::formats::tq2::{block_scale, check_qk, uniform_rows, QK_K};
 use crate::rng::SplitMix64;
 use crate::ternary::TernaryMatrix;
@@ -66,6 +67,18 @@ pub struct Tq1Matrix {
     /// `[rows]`: the sum of the row's base-3 digits (weight + 1 summed over the row), for kernels
     /// that multiply digits by activations offset to unsigned bytes and take the offset back.
     digit_sums: Vec<i32>,
+    /// The table-lookup repack, made on first use (see [`Tq1Matrix::lut`]).
+    lut: LutCache,
+}
+
+/// A lazily made [`Tq1LutMatrix`]: a cache, so not part of a matrix's equality.
+#[derive(Debug, Clone, Default)]
+struct LutCache(std::sync::OnceLock<Option<Tq1LutMatrix>>);
+
+impl PartialEq for LutCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Tq1Matrix {
@@ -107,7 +120,7 @@ impl Tq1Matrix {
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let digit_sums = row_digit_sums(&blocks, cols / QK_K);
-        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, digit_sums })
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, digit_sums, lut: LutCache::default() })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -154,6 +167,29 @@ impl Tq1Matrix {
         tq1_digit(packed, n) as i8 - 1
     }
 
+    /// Row `r`'s ternary values into `dst` (`cols` long), block by block through the byte
+    /// positions of [`tq1_position`]: the plain decode, without a position lookup per weight.
+    pub fn decode_row(&self, r: usize, dst: &mut [i8]) {
+        assert_eq!(dst.len(), self.cols, "decode_row: destination must hold one row");
+        for (b, out) in self.row(r).iter().zip(dst.chunks_exact_mut(QK_K)) {
+            for (m, &q) in b.qs[..32].iter().enumerate() {
+                for n in 0..5 {
+                    out[m + 32 * n] = tq1_digit(q, n) as i8 - 1;
+                }
+            }
+            for (m, &q) in b.qs[32..].iter().enumerate() {
+                for n in 0..5 {
+                    out[160 + m + 16 * n] = tq1_digit(q, n) as i8 - 1;
+                }
+            }
+            for (m, &q) in b.qh.iter().enumerate() {
+                for n in 0..4 {
+                    out[240 + m + 4 * n] = tq1_digit(q, n) as i8 - 1;
+                }
+            }
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -182,6 +218,18 @@ impl Tq1Matrix {
     }
     pub fn byte_len(&self) -> usize {
         self.blocks.len() * std::mem::size_of::<BlockTq1_0>()
+    }
+
+    /// The table-lookup repack of this matrix (made on the first call, which may take a while
+    /// for a large matrix; [`crate::model::Model::prepare_lut`] makes them all up front), or
+    /// `None` when a row's blocks have different scales.
+    pub fn lut(&self) -> Option<&Tq1LutMatrix> {
+        self.lut.0.get_or_init(|| Tq1LutMatrix::from_tq1(self)).as_ref()
+    }
+
+    /// Whether the repack has been made (or found impossible) already.
+    pub fn lut_made(&self) -> bool {
+        self.lut.0.get().is_some()
     }
 }
 
@@ -245,6 +293,21 @@ mod tests {
             let digits: Vec<u8> = (0..5).map(|n| tq1_digit(byte, n)).collect();
             let back = digits.iter().fold(0u16, |acc, d| acc * 3 + *d as u16);
             assert_eq!(back, v, "v {v} byte {byte} digits {digits:?}");
+        }
+    }
+
+    #[test]
+    fn decode_row_equals_get_for_every_weight_and_any_bytes() {
+        let m = Tq1Matrix::random(3, 512, 0.5, 9).unwrap();
+        // Arbitrary bytes too (a quantizer never writes some of them).
+        let bytes: Vec<u8> = (0..3 * 2 * 54).map(|i| (i * 97 % 256) as u8).collect();
+        let any = Tq1Matrix::from_bytes(3, 512, &bytes).unwrap();
+        for m in [m, any] {
+            let mut row = vec![0i8; 512];
+            for r in 0..3 {
+                m.decode_row(r, &mut row);
+                assert!(row.iter().enumerate().all(|(k, &v)| v == m.get(r, k)), "row {r}");
+            }
         }
     }
 

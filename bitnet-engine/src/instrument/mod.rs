@@ -95,6 +95,9 @@ named_enum!(
         Popcount => "popcount",
         /// Fused xnor kernel.
         XnorPopcount => "xnor_popcount",
+        /// Table-lookup kernels (`tq1 … lut`): each group of three weights' sum looked up in
+        /// the token's tables; nothing is unpacked.
+        Lookup => "lookup",
         /// Rotary position embedding of queries and keys.
         Rope => "rope",
         /// Quantize and store keys and values in the KV cache.

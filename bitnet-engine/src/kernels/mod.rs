@@ -124,6 +124,7 @@ impl KernelFamily {
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
         match (self, isa) {
             (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
+            (KernelFamily::Tq1, IsaLevel::Avx2) => KernelForm::Lut,
             _ => KernelForm::Fused,
         }
     }
@@ -132,6 +133,7 @@ impl KernelFamily {
     pub fn forms(self) -> &'static [KernelForm] {
         match self {
             KernelFamily::Scalar => &[KernelForm::Fused],
+            KernelFamily::Tq1 => &KernelForm::ALL,
             _ => &[KernelForm::Fused, KernelForm::Split],
         }
     }
@@ -163,14 +165,21 @@ pub enum KernelForm {
     /// `unpack` a tile of rows into an L1-resident scratch, then `dot` (or `xnor`, then
     /// `popcount`), as separate non-inlined stages — so their costs can be told apart.
     Split,
+    /// `tq1` only: look sums up instead of decoding weights. The TQ1_0 matrix is repacked (on
+    /// first use, or by `Model::prepare_lut`) into groups of three weights as a 4-bit pattern
+    /// index and a sign bit (1.67 bits per weight), each token gets a table of the 14 pattern
+    /// sums per group of three activations, and `vpshufb` does 32 lookups at once (see
+    /// `formats::tq1_lut`).
+    Lut,
 }
 
 impl KernelForm {
-    pub const ALL: [KernelForm; 2] = [KernelForm::Fused, KernelForm::Split];
+    pub const ALL: [KernelForm; 3] = [KernelForm::Fused, KernelForm::Split, KernelForm::Lut];
     pub fn name(self) -> &'static str {
         match self {
             KernelForm::Fused => "fused",
             KernelForm::Split => "split",
+            KernelForm::Lut => "lut",
         }
     }
 }
@@ -187,7 +196,7 @@ impl FromStr for KernelForm {
         KernelForm::ALL.iter().copied().find(|f| f.name() == s).ok_or_else(|| Error::UnknownName {
             what: "kernel form",
             got: s.to_string(),
-            expected: "fused, split".into(),
+            expected: KernelForm::ALL.map(|f| f.name()).join(", "),
         })
     }
 }
@@ -327,6 +336,34 @@ impl Kernel {
         Self::best(family)
     }
 
+    /// The kernel that runs `w`: `forced`, or the best for its format.
+    #[inline]
+    pub fn for_weights(forced: Option<Kernel>, w: &PackedWeights) -> Kernel {
+        forced.unwrap_or_else(|| Self::best_for(w.format()))
+    }
+
+    /// Whether this kernel reads TQ1_0 weights through their table-lookup repack.
+    pub fn uses_lut(&self) -> bool {
+        self.family == KernelFamily::Tq1 && self.form == KernelForm::Lut
+    }
+
+    /// Makes what this kernel reads beside `w` (the `lut` form's repack), so that the first
+    /// call does not pay for it.
+    pub fn prepare(&self, w: &PackedWeights) {
+        if let (true, PackedWeights::Tq1(m)) = (self.uses_lut(), w) {
+            m.lut();
+        }
+    }
+
+    /// Bytes this kernel reads to use every weight of `w` once: the repack's for the `lut`
+    /// form (when the matrix has one), the matrix's own otherwise.
+    pub fn bytes_read(&self, w: &PackedWeights) -> usize {
+        match w {
+            PackedWeights::Tq1(m) if self.uses_lut() => m.lut().map_or(m.byte_len(), |l| l.byte_len()),
+            _ => w.byte_len(),
+        }
+    }
+
     /// Every kernel this machine can run.
     pub fn all_supported() -> Vec<Kernel> {
         let mut v = Vec::new();
@@ -381,6 +418,11 @@ impl Kernel {
                 rows.len() * x.batch(),
                 out.len()
             )));
+        }
+        if self.form == KernelForm::Lut && !x.lut_ready() {
+            return Err(Error::Shape(
+                "the lut kernels need activation tables: call ActivationBatch::build_lut first".into(),
+            ));
         }
         if self.family == KernelFamily::Xnor && !x.planes_ready() {
             return Err(Error::Shape(
@@ -980,6 +1022,18 @@ pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
 
+/// One token's lookup tables for the table-lookup TQ1 kernels
+/// (`tq1_lut::build_token_tables_portable`, the definition): with AVX2 (also under AVX-512)
+/// a group pair per step in registers. Integer arithmetic only, so every path writes the same
+/// bytes.
+pub(crate) fn build_lut_tables(x: &[i8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return x86_avx2::build_lut_tables(t, x, dst);
+    }
+    crate::formats::tq1_lut::build_token_tables_portable(x, dst)
+}
+
 /// Columns `cols` of a `[r_n, c_n]` f32 matrix, transposed into `dst` (`dst[c − cols.start][r] =
 /// src[r][c]`; `ops::transpose_cols_into_portable` is the definition): 8 × 8 tiles transposed in
 /// registers where the CPU has AVX2. Data movement only, so every path gives the same bytes.
@@ -1182,6 +1236,23 @@ mod tests {
                 let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
                 assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
             }
+        }
+    }
+
+    #[test]
+    fn lut_tables_are_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(17);
+        // Short rows (no whole pair, one pair and a tail) and model widths; extremes included.
+        for n in [1usize, 3, 6, 7, 12, 13, 47, 256, 2560, 6912] {
+            let mut x: Vec<i8> = (0..n).map(|_| g.next_u64() as i8).collect();
+            for (k, v) in x.iter_mut().enumerate().take(12) {
+                *v = [-128, 127, -128, 127, 127, 127, -128, -128, -128, 0, 1, -1][k];
+            }
+            let bytes = crate::formats::tq1_lut::lut_table_bytes(n);
+            let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
+            super::build_lut_tables(&x, &mut fast);
+            crate::formats::tq1_lut::build_token_tables_portable(&x, &mut plain);
+            assert_eq!(fast, plain, "n {n}");
         }
     }
 

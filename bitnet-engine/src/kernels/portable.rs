@@ -7,9 +7,11 @@ use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales}
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::formats::i2::{i2_position, I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
 use crate::formats::tq1::{tq1_digit, tq1_position};
+use crate::formats::tq1_lut::{LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS, LUT_TILE_ROWS};
 use crate::formats::tq2::tq2_position;
 use crate::formats::{
-    BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1Matrix, Tq2Matrix, QK_K,
+    BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix, Tq2Matrix,
+    QK_K,
 };
 use crate::instrument::{clock, TIMED_TILE_EVERY};
 
@@ -49,6 +51,9 @@ pub(crate) trait IsaOps: Copy {
         scratch: &mut KernelScratch,
     );
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    /// The table-lookup form of `tq1`: rows of the repack against the tokens' tables (see
+    /// `formats::tq1_lut`; `x.lut_ready()` is checked by `Kernel::check`).
+    fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
 }
 
 /// Runs `form` with the primitives of `isa`.
@@ -70,6 +75,12 @@ pub(crate) fn run<I: IsaOps>(
             split_xnor(isa, w, x, rows, out, scratch)
         }
         (KernelForm::Split, _) => split_codes(isa, w, x, rows, out, scratch),
+        // A matrix with mixed block scales in a row has no repack: the digit kernel reads it.
+        (KernelForm::Lut, PackedWeights::Tq1(m)) => match m.lut() {
+            Some(l) => isa.tq1_lut(l, x, rows, out),
+            None => isa.tq1_fused(m, x, rows, out, scratch),
+        },
+        (KernelForm::Lut, _) => unreachable!("Kernel::new gives the lut form to tq1 only"),
     }
 }
 
@@ -613,6 +624,32 @@ impl IsaOps for Portable {
                     acc += block.d.to_f64() * isum as f64;
                 }
                 out[i * batch + b] = finish_blocks(acc, x.scale(b));
+            }
+        }
+    }
+
+    fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        // Group by group: the sign and pattern index from the repack, the pattern's sum from
+        // the token's table (low and high byte), added or subtracted.
+        let batch = x.batch();
+        for (i, r) in rows.enumerate() {
+            let (tile, j) = (r / LUT_TILE_ROWS, r % LUT_TILE_ROWS);
+            for b in 0..batch {
+                let table = x.lut(b);
+                let mut isum = 0i32;
+                for s in 0..w.spans() {
+                    let span = w.span(tile, s);
+                    for gi in 0..LUT_SPAN_GROUPS {
+                        let (h, pair) = (gi % 2, gi / 2);
+                        let lane = 16 * h + j;
+                        let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
+                        let g = s * LUT_SPAN_GROUPS + gi;
+                        let at = g / 2 * LUT_PAIR_TABLE_BYTES + 16 * (g % 2) + p as usize;
+                        let v = i16::from_le_bytes([table[at], table[at + 32]]) as i32;
+                        isum += if span[128 + lane] >> pair & 1 == 1 { -v } else { v };
+                    }
+                }
+                out[i * batch + b] = finish_blocks(w.scale(r).to_f64() * isum as f64, x.scale(b));
             }
         }
     }

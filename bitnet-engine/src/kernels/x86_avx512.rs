@@ -93,6 +93,11 @@ impl IsaOps for Avx512 {
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { xnor_fused(w, x, rows, out) }
     }
+    /// The AVX2 kernel: no 512-bit version yet (none could be measured on the AVX2-only
+    /// machines it was written on).
+    fn tq1_lut(self, w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        unsafe { super::x86_avx2::tq1_lut(w, x, rows, out) }
+    }
 }
 
 #[inline(always)]

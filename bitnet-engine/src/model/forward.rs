@@ -91,7 +91,7 @@ pub struct State {
     /// The kernel forced for every linear layer, if any.
     kernel: Option<Kernel>,
     /// Whether some layer runs an xnor kernel (which reads activation bit-planes).
-    any_xnor: bool,
+    extras: ActivationExtras,
     pool: WorkerPool,
     kv: KvCache,
     /// `[rows, hidden]` residual stream.
@@ -157,12 +157,15 @@ impl State {
             }
         }
         let kernel = opts.kernel;
-        let any_xnor = model
-            .weights
-            .layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .any(|w| kernel_for(kernel, w).family() == crate::kernels::KernelFamily::Xnor);
+        let kernels = || model.weights.layers.iter().flat_map(|l| l.linears()).map(|w| kernel_for(kernel, w));
+        let extras = ActivationExtras {
+            planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor),
+            lut: kernels().any(|k| k.uses_lut()),
+        };
+        if extras.lut {
+            // Made now, in parallel, rather than by the first matmul of each matrix mid-run.
+            model.weights.prepare_lut(opts.threads);
+        }
         let rows = opts.max_rows;
         let kv = KvCache::new(&cfg, opts.kv_precision, opts.sequences, opts.context)?;
         let pool = WorkerPool::new(opts.threads, opts.pin)?;
@@ -207,7 +210,7 @@ impl State {
             rope_cos: vec![0.0; hd / 2],
             rope_sin: vec![0.0; hd / 2],
             logit_rows: 0..0,
-            any_xnor,
+            extras,
             row_seqs: Vec::with_capacity(rows),
             row_positions: Vec::with_capacity(rows),
             pool,
@@ -321,7 +324,7 @@ impl State {
             rec.time(attn, Stage::Norm, 0, || {
                 rms_norm_rows(&self.x[..rows * h], &lw.attn_norm, cfg.norm_eps, &mut self.xb[..rows * h])
             });
-            rec.time(attn, Stage::Quantize, 0, || quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h]))?;
+            rec.time(attn, Stage::Quantize, 0, || quantize(self.extras, &mut self.act_hidden, &self.xb[..rows * h]))?;
             linear_multi(
                 &self.pool,
                 self.kernel,
@@ -370,7 +373,7 @@ impl State {
                 rec.time(o_ctx, Stage::Norm, 0, || rms_norm_in_place(&mut self.att[..rows * qd], sub, cfg.norm_eps));
             }
             rec.time(o_ctx, Stage::Quantize, 0, || {
-                quantize(self.any_xnor, &mut self.act_hidden, &self.att[..rows * qd])
+                quantize(self.extras, &mut self.act_hidden, &self.att[..rows * qd])
             })?;
             linear(
                 &self.pool,
@@ -391,7 +394,7 @@ impl State {
                 rms_norm_rows(&self.x[..rows * h], &lw.ffn_norm, cfg.norm_eps, &mut self.xb[..rows * h])
             });
             rec.time(ffn_ctx, Stage::Quantize, 0, || {
-                quantize(self.any_xnor, &mut self.act_hidden, &self.xb[..rows * h])
+                quantize(self.extras, &mut self.act_hidden, &self.xb[..rows * h])
             })?;
             let down_ctx = ctx.at(l, Op::Down);
             linear_gated(
@@ -413,7 +416,7 @@ impl State {
                 });
             }
             rec.time(down_ctx, Stage::Quantize, 0, || {
-                quantize(self.any_xnor, &mut self.act_ffn, &self.gate[..rows * ffn])
+                quantize(self.extras, &mut self.act_ffn, &self.gate[..rows * ffn])
             })?;
             linear(
                 &self.pool,
@@ -520,12 +523,24 @@ impl State {
 
 /// BitLinear's activation quantization (the `quantize` stage), plus the bit-planes the xnor
 /// kernels read.
-fn quantize(planes: bool, act: &mut ActivationBatch, x: &[f32]) -> Result<()> {
+fn quantize(extras: ActivationExtras, act: &mut ActivationBatch, x: &[f32]) -> Result<()> {
     act.quantize(x)?;
-    if planes {
+    if extras.planes {
         act.build_planes();
     }
+    if extras.lut {
+        act.build_lut();
+    }
     Ok(())
+}
+
+/// What the linear layers' kernels read beside the int8 activations.
+#[derive(Debug, Clone, Copy)]
+struct ActivationExtras {
+    /// Bit-planes (the xnor kernels).
+    planes: bool,
+    /// Lookup tables (the `lut` form of tq1).
+    lut: bool,
 }
 
 /// `out[rows, N] = act × wᵀ`: the kernel writes `[N, rows]` into `mm`, split by output rows
@@ -533,7 +548,7 @@ fn quantize(planes: bool, act: &mut ActivationBatch, x: &[f32]) -> Result<()> {
 /// The kernel for `w`: the forced one, or the best for its format.
 #[inline]
 fn kernel_for(forced: Option<Kernel>, w: &PackedWeights) -> Kernel {
-    forced.unwrap_or_else(|| Kernel::best_for(w.format()))
+    Kernel::for_weights(forced, w)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -557,7 +572,7 @@ fn linear(
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
-    let w_bytes = w.byte_len() as u64;
+    let w_bytes = kernel.bytes_read(w) as u64;
     pool.split_blocks(dst, rows, BLOCK_ROWS, workers, |blocks, wk| {
         let t0 = wk.rec.start();
         let mut bytes = None;
@@ -638,7 +653,7 @@ fn linear_multi<const P: usize>(
                     .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
                     .expect("arguments checked before the split");
                 scale_in_place(out, out_scale);
-                let bytes = w.byte_len() as u64 * (hi - lo) as u64 / ns[i] as u64;
+                let bytes = kernels[i].bytes_read(w) as u64 * (hi - lo) as u64 / ns[i] as u64;
                 open = Some((i, open.map_or(0, |o| o.1) + bytes));
             }
         }
@@ -687,7 +702,7 @@ fn linear_gated(
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
-    let (gate_bytes, up_bytes) = (gate.0.byte_len() as u64, up.0.byte_len() as u64);
+    let (gate_bytes, up_bytes) = (kg.bytes_read(gate.0) as u64, ku.bytes_read(up.0) as u64);
     pool.split_blocks_pair(mg, mu, rows, BLOCK_ROWS, workers, |blocks, wk| {
         let t0 = wk.rec.start();
         let mut t = t0;
@@ -792,7 +807,14 @@ fn record_matmul(
         rec.record(ctx, first, t0, t0 + a, bytes, ticks.tiles);
         rec.record(ctx, second, t0 + a, t1, 0, ticks.tiles);
     } else {
-        rec.record(ctx, if xnor { Stage::XnorPopcount } else { Stage::UnpackDot }, t0, t1, bytes, 1);
+        let stage = if xnor {
+            Stage::XnorPopcount
+        } else if kernel.uses_lut() {
+            Stage::Lookup
+        } else {
+            Stage::UnpackDot
+        };
+        rec.record(ctx, stage, t0, t1, bytes, 1);
     }
     t1
 }

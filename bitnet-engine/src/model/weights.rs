@@ -2,7 +2,8 @@
 //! Synthetic weights are generated deterministically from a seed.
 
 use crate::error::Result;
-use crate::formats::{Int8Rows, PackedWeights, WeightFormat};
+use crate::formats::{Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
+use crate::kernels::Kernel;
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix64;
 
@@ -58,6 +59,50 @@ impl Weights {
     /// Bytes of ternary linear weights.
     pub fn linear_bytes(&self) -> usize {
         self.layers.iter().flat_map(|l| l.linears()).map(|w| w.byte_len()).sum()
+    }
+
+    /// Makes the table-lookup repack of every TQ1_0 linear that lacks one, on `threads` threads
+    /// (a matrix at a time each), for the `lut` form of the tq1 kernels.
+    pub fn prepare_lut(&self, threads: usize) {
+        let todo: Vec<&Tq1Matrix> = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .filter_map(|w| match w {
+                PackedWeights::Tq1(m) if !m.lut_made() => Some(m),
+                _ => None,
+            })
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads.max(1).min(todo.len()) {
+                s.spawn(|| {
+                    while let Some(m) = todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        m.lut();
+                    }
+                });
+            }
+        });
+    }
+
+    /// Bytes a decode step reads with the kernels `forced` (or the best for each format):
+    /// [`Weights::bytes_read_per_token`] with each linear counted as its kernel reads it (the
+    /// `lut` form reads TQ1_0's repack).
+    pub fn bytes_read_per_token_by(&self, forced: Option<Kernel>) -> usize {
+        let linear: usize =
+            self.layers.iter().flat_map(|l| l.linears()).map(|w| Kernel::for_weights(forced, w).bytes_read(w)).sum();
+        self.bytes_read_per_token() - self.linear_bytes() + linear
+    }
+
+    /// Bytes of memory the kernels `forced` (or the best for each format) add to the weights:
+    /// the table-lookup repacks of TQ1_0 linears (made or not yet).
+    pub fn repack_bytes(&self, forced: Option<Kernel>) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .filter(|w| Kernel::for_weights(forced, w).uses_lut())
+            .map(|w| crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()))
+            .sum()
     }
 
     /// Bytes a decode step reads: every linear weight, the LM head and the norms (the
