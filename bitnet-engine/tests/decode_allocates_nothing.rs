@@ -41,12 +41,17 @@ fn decode_steps_do_not_allocate() {
         (WeightFormat::BitPlanes, KernelFamily::Xnor),
     ] {
         let model = Model::synthetic("tiny", format, 7, 2).unwrap();
-        let cases = [
+        let mut cases = vec![
             (1usize, KvPrecision::F16, KernelForm::Fused, Level::Off),
             (4, KvPrecision::Int4, KernelForm::Fused, Level::Aggregate),
             (1, KvPrecision::F32, KernelForm::Split, Level::Timeline),
             (2, KvPrecision::Int8, KernelForm::Split, Level::Aggregate),
         ];
+        if family == KernelFamily::Tq1 {
+            // The lookup tables are built in the quantize stage into storage made at warm-up.
+            cases.push((1, KvPrecision::F16, KernelForm::Lut, Level::Off));
+            cases.push((3, KvPrecision::Int4, KernelForm::Lut, Level::Aggregate));
+        }
         for (batch, kv, form, level) in cases {
             let mut opts = StateOptions::new(batch, 64, kv, 2);
             opts.kernel = Some(Kernel::new(family, IsaLevel::best(), form).unwrap());

@@ -75,6 +75,25 @@ fn threads_and_equivalent_kernels_give_identical_logits() {
 }
 
 #[test]
+fn tq1_forms_give_identical_logits_and_match_the_reference() {
+    // The table-lookup form reads a repack of the same weights: prefill (a 6-row prompt) and
+    // decode must give exactly the digit kernels' logits, on 1 and 2 threads.
+    let tq1 = tiny(WeightFormat::Tq1_0);
+    let with = |form: KernelForm, threads: usize| {
+        let mut o = StateOptions::new(1, tq1.config.max_context, KvPrecision::F16, threads);
+        o.max_rows = 16;
+        o.kernel = Some(Kernel::new(KernelFamily::Tq1, IsaLevel::best(), form).unwrap());
+        greedy(&tq1, &mut State::new(&tq1, &o).unwrap(), &PROMPT, 32, true).unwrap()
+    };
+    let fused = with(KernelForm::Fused, 2);
+    assert_matches_reference(&tq1, &PROMPT, &fused);
+    for threads in [1, 2] {
+        assert_eq!(with(KernelForm::Lut, threads), fused, "lut on {threads} threads");
+    }
+    assert_eq!(with(KernelForm::Split, 1), fused);
+}
+
+#[test]
 fn a_long_prompt_in_16_row_chunks_matches_the_reference_on_any_thread_count() {
     // 40 tokens prefill as chunks of 16, 16 and 8 rows: the 16-row chunks take the pool's
     // parallel transpose, the 8-row one the caller's.
