@@ -1009,63 +1009,88 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
 /// 64 · 385 = 24 640.
 const LUT_I16_SPANS: usize = 8;
 
-/// The table-lookup TQ1 kernel (see `formats::tq1_lut`): tiles of 16 rows, two per pass where
-/// the range has them, each token in turn against its tables. Rows outside `rows` of a tile
-/// the range only partly covers are computed and dropped. Shared with the AVX-512 level
-/// (which implies AVX2).
+/// The table-lookup TQ1 kernel (see `formats::tq1_lut`). One token: two 16-row tiles per pass
+/// where the range has them, sharing each table load. More tokens: one tile against up to
+/// [`LUT_TOKENS`] tokens per pass, sharing each pattern index and sign mask. Rows outside
+/// `rows` of a tile the range only partly covers are computed and dropped. Shared with the
+/// AVX-512 level (which implies AVX2).
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     let (first, end) = (rows.start / LUT_TILE_ROWS, rows.end.div_ceil(LUT_TILE_ROWS));
     let spans = w.spans();
-    let mut t = first;
-    while t < end {
-        let two = t + 2 <= end;
-        for b in 0..batch {
-            let table = x.lut(b).as_ptr();
-            // Only the first token's pass streams the tiles from memory; later ones hit L1/L2.
-            let prefetch = b == 0;
-            let mut sums = [[0i32; LUT_TILE_ROWS]; 2];
-            if two {
-                sums = lut_tiles::<2>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, prefetch);
-            } else {
-                sums[0] = lut_tiles::<1>([w.tile(t).as_ptr()], table, spans, prefetch)[0];
-            }
-            for (k, tile_sums) in sums.iter().enumerate().take(if two { 2 } else { 1 }) {
-                for (j, &sum) in tile_sums.iter().enumerate() {
-                    let r = (t + k) * LUT_TILE_ROWS + j;
-                    if rows.contains(&r) {
-                        let dot = sum + w.negated(r);
-                        out[(r - rows.start) * batch + b] =
-                            finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
-                    }
-                }
+    let mut emit = |tile: usize, b: usize, sums: &[i32; LUT_TILE_ROWS]| {
+        for (j, &sum) in sums.iter().enumerate() {
+            let r = tile * LUT_TILE_ROWS + j;
+            if rows.contains(&r) {
+                let dot = sum + w.negated(r);
+                out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
             }
         }
-        t += if two { 2 } else { 1 };
+    };
+    let mut t = first;
+    while t < end {
+        if batch == 1 {
+            let table = [x.lut(0).as_ptr()];
+            if t + 2 <= end {
+                let sums = lut_tiles::<2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, true);
+                emit(t, 0, &sums[0][0]);
+                emit(t + 1, 0, &sums[1][0]);
+                t += 2;
+            } else {
+                emit(t, 0, &lut_tiles::<1, 1>([w.tile(t).as_ptr()], table, spans, true)[0][0]);
+                t += 1;
+            }
+            continue;
+        }
+        let src = [w.tile(t).as_ptr()];
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = LUT_TOKENS.min(batch - b0);
+            let tb = |i: usize| x.lut(b0 + i.min(g - 1)).as_ptr();
+            // Only the first pass over a tile streams it from memory; later ones hit L1/L2.
+            let prefetch = b0 == 0;
+            let mut sums = [[0i32; LUT_TILE_ROWS]; LUT_TOKENS];
+            match g {
+                1 => sums[..1].copy_from_slice(&lut_tiles::<1, 1>(src, [tb(0)], spans, prefetch)[0]),
+                2 => sums[..2].copy_from_slice(&lut_tiles::<1, 2>(src, [tb(0), tb(1)], spans, prefetch)[0]),
+                3 => sums[..3].copy_from_slice(&lut_tiles::<1, 3>(src, [tb(0), tb(1), tb(2)], spans, prefetch)[0]),
+                _ => sums = lut_tiles::<1, LUT_TOKENS>(src, std::array::from_fn(tb), spans, prefetch)[0],
+            }
+            for (i, s) in sums[..g].iter().enumerate() {
+                emit(t, b0 + i, s);
+            }
+            b0 += g;
+        }
+        t += 1;
     }
 }
 
-/// Σ over every span of R tiles (`src[i]`: the tile's bytes) against one token's tables: for
+/// Tokens per pass of the batched table-lookup tile.
+const LUT_TOKENS: usize = 4;
+
+/// Σ over every span of R tiles (`src[i]`: the tile's bytes) against G tokens' tables: for
 /// each group pair, `vpshufb` looks up the 16 rows' patterns in the pair's low-byte and
 /// high-byte tables (lane half h holds group 2P + h), the sign mask complements negated ones,
 /// and unpacking low with high bytes gives i16 sums (rows 0–7 from the low halves of each
-/// lane, rows 8–15 from the high), added into two accumulators per tile. Returns each row's
-/// sum with every negated group counted as −v − 1 (the caller adds the row's negated count).
+/// lane, rows 8–15 from the high), added into two accumulators per tile and token. Returns
+/// each row's sum at `[tile][token][row]`, with every negated group counted as −v − 1 (the
+/// caller adds the row's negated count).
 #[inline(always)]
-unsafe fn lut_tiles<const R: usize>(
+unsafe fn lut_tiles<const R: usize, const G: usize>(
     src: [*const u8; R],
-    table: *const u8,
+    tables: [*const u8; G],
     spans: usize,
     prefetch: bool,
-) -> [[i32; LUT_TILE_ROWS]; R] {
+) -> [[[i32; LUT_TILE_ROWS]; G]; R] {
     let low4 = _mm256_set1_epi8(0x0f);
-    // Per tile: even and odd i16 words of the rows-0–7 and rows-8–15 accumulators, in i32.
-    let mut wide = [[_mm256_setzero_si256(); 4]; R];
+    // Per tile and token: even and odd i16 words of the rows-0–7 and rows-8–15 accumulators,
+    // widened to i32.
+    let mut wide = [[[_mm256_setzero_si256(); 4]; G]; R];
     let mut s = 0;
     while s < spans {
         let end = spans.min(s + LUT_I16_SPANS);
-        let mut acc = [[_mm256_setzero_si256(); 2]; R];
+        let mut acc = [[[_mm256_setzero_si256(); 2]; G]; R];
         while s < end {
             let off = s * LUT_SPAN_BYTES;
             if prefetch && s % 2 == 0 {
@@ -1076,7 +1101,7 @@ unsafe fn lut_tiles<const R: usize>(
                     }
                 }
             }
-            let tb = table.add(s * LUT_SPAN_GROUPS / 2 * LUT_PAIR_TABLE_BYTES);
+            let toff = s * LUT_SPAN_GROUPS / 2 * LUT_PAIR_TABLE_BYTES;
             let mut sign = [_mm256_setzero_si256(); R];
             for i in 0..R {
                 sign[i] = load(src[i].add(off + 128));
@@ -1088,43 +1113,54 @@ unsafe fn lut_tiles<const R: usize>(
                 }
                 for half in 0..2 {
                     let pair = 2 * v + half;
-                    let t_lo = load(tb.add(pair * LUT_PAIR_TABLE_BYTES));
-                    let t_hi = load(tb.add(pair * LUT_PAIR_TABLE_BYTES + 32));
                     let bit = _mm256_set1_epi8(1 << pair);
+                    let mut idx = [_mm256_setzero_si256(); R];
+                    let mut neg = [_mm256_setzero_si256(); R];
                     for i in 0..R {
-                        let idx = if half == 0 {
+                        idx[i] = if half == 0 {
                             _mm256_and_si256(nib[i], low4)
                         } else {
                             _mm256_and_si256(_mm256_srli_epi16::<4>(nib[i]), low4)
                         };
-                        let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sign[i], bit), bit);
-                        let lo = _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, idx), neg);
-                        let hi = _mm256_xor_si256(_mm256_shuffle_epi8(t_hi, idx), neg);
-                        acc[i][0] = _mm256_add_epi16(acc[i][0], _mm256_unpacklo_epi8(lo, hi));
-                        acc[i][1] = _mm256_add_epi16(acc[i][1], _mm256_unpackhi_epi8(lo, hi));
+                        neg[i] = _mm256_cmpeq_epi8(_mm256_and_si256(sign[i], bit), bit);
+                    }
+                    for g in 0..G {
+                        let t_lo = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES));
+                        let t_hi = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES + 32));
+                        for i in 0..R {
+                            let lo = _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, idx[i]), neg[i]);
+                            let hi = _mm256_xor_si256(_mm256_shuffle_epi8(t_hi, idx[i]), neg[i]);
+                            acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], _mm256_unpacklo_epi8(lo, hi));
+                            acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], _mm256_unpackhi_epi8(lo, hi));
+                        }
                     }
                 }
             }
             s += 1;
         }
         for i in 0..R {
-            for a in 0..2 {
-                let even = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(acc[i][a]));
-                wide[i][2 * a] = _mm256_add_epi32(wide[i][2 * a], even);
-                wide[i][2 * a + 1] = _mm256_add_epi32(wide[i][2 * a + 1], _mm256_srai_epi32::<16>(acc[i][a]));
+            for g in 0..G {
+                for a in 0..2 {
+                    let even = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(acc[i][g][a]));
+                    wide[i][g][2 * a] = _mm256_add_epi32(wide[i][g][2 * a], even);
+                    let odd = _mm256_srai_epi32::<16>(acc[i][g][a]);
+                    wide[i][g][2 * a + 1] = _mm256_add_epi32(wide[i][g][2 * a + 1], odd);
+                }
             }
         }
     }
     // Word w of accumulator a (a = 0: rows 0–7, 1: rows 8–15) is row 8a + w % 8 of lane half
     // w / 8; its i32 lane e in `wide[2a + odd]` is word 2e + odd: row 8a + 2(e % 4) + odd, half
     // e / 4. A row's sum is its two halves.
-    let mut sums = [[0i32; LUT_TILE_ROWS]; R];
+    let mut sums = [[[0i32; LUT_TILE_ROWS]; G]; R];
     for i in 0..R {
-        for (q, v) in wide[i].iter().enumerate() {
-            let mut lanes = [0i32; 8];
-            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, *v);
-            for e in 0..4 {
-                sums[i][8 * (q / 2) + 2 * e + q % 2] = lanes[e] + lanes[e + 4];
+        for g in 0..G {
+            for (q, v) in wide[i][g].iter().enumerate() {
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, *v);
+                for e in 0..4 {
+                    sums[i][g][8 * (q / 2) + 2 * e + q % 2] = lanes[e] + lanes[e + 4];
+                }
             }
         }
     }
