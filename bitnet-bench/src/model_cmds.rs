@@ -227,7 +227,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         prefill_secs,
         decode_secs,
         decode_steps: steps,
-        bytes_read_per_token: model.weights.bytes_read_per_token(),
+        bytes_read_per_token: model.weights.bytes_read_per_token_by(a.kernel),
         kernel: st.kernel(&model),
     })
 }
@@ -269,7 +269,7 @@ fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
         prefill_secs: prefill_secs / b as f64,
         decode_secs: t1.elapsed().as_secs_f64() / b as f64,
         decode_steps: steps,
-        bytes_read_per_token: model.weights.bytes_read_per_token(),
+        bytes_read_per_token: model.weights.bytes_read_per_token_by(a.kernel),
         kernel: st.kernel(model),
     })
 }
