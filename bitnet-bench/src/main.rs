@@ -218,7 +218,7 @@ struct KernelArgs {
     /// ISA levels to run (scalar, avx2, avx512); default every level this CPU has.
     #[arg(long = "isa", value_delimiter = ',')]
     isa: Vec<IsaLevel>,
-    /// Forms to run (fused, split); default both.
+    /// Forms to run (fused, split, lut — tq1 only); default all.
     #[arg(long = "form", value_delimiter = ',')]
     form: Vec<KernelForm>,
     /// MiB of weights in the streaming case (0 skips it).

@@ -120,3 +120,32 @@ fn dhat_and_diff() {
     }
     let _ = std::fs::remove_file(svg);
 }
+
+#[test]
+fn the_lut_form_is_traced_as_one_lookup_stage() {
+    let out = tmp("lut");
+    let (code, stdout, err) = run(&[
+        "--model",
+        "tiny",
+        "--kernel",
+        "tq1",
+        "--form",
+        "lut",
+        "--context-length",
+        "8",
+        "--tokens",
+        "3",
+        "--level",
+        "aggregate",
+        "--no-counters",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("kernel tq1/") && stdout.contains("/lut"), "{stdout}");
+    assert!(stdout.contains("| lookup "), "the lookup stage has a row: {stdout}");
+    assert!(!stdout.contains("unpack_dot"), "nothing is unpacked: {stdout}");
+    let folded = std::fs::read_to_string(out.join("stages.folded")).unwrap();
+    assert!(folded.lines().any(|l| l.contains(";lookup ")), "{folded}");
+    let _ = std::fs::remove_dir_all(&out);
+}

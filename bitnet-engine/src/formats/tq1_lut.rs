@@ -5,8 +5,8 @@
 //! patterns and their negations plus zero. A group of three weights is stored as the index
 //! `p = |t₀ + 3t₁ + 9t₂|` ∈ 0..=13 of its sign-normalized pattern (4 bits) and a sign (1 bit).
 //! For each token, each group of three activations gets a 14-entry table of Σ tᵢxᵢ over the
-//! patterns (see [`build_token_tables`]), and a row's dot product is Σ over its groups of
-//! ±table[p]. `vpshufb` then does the lookups of 16 rows (two groups each) in one instruction.
+//! patterns (see `build_token_tables_portable`), and a row's dot product is Σ over its groups
+//! of ±table\[p\]. `vpshufb` then does the lookups of 16 rows (two groups each) in one instruction.
 //!
 //! Tables hold i16 sums (|Σ| ≤ 3·128), split into a low-byte and a high-byte table, so the sums
 //! stay exact: no table is requantized to int8 (T-MAC and TL2 requantize them).
@@ -229,6 +229,16 @@ impl Tq1LutMatrix {
     #[inline]
     pub fn negated(&self, r: usize) -> i32 {
         self.negated[r]
+    }
+    /// Every row's scale, row r at index r.
+    #[inline]
+    pub fn row_scales(&self) -> &[half::f16] {
+        &self.scales
+    }
+    /// Every row's count of negated groups, row r at index r.
+    #[inline]
+    pub fn negated_counts(&self) -> &[i32] {
+        &self.negated
     }
     /// Bytes a kernel streams to use every weight once.
     pub fn byte_len(&self) -> usize {
