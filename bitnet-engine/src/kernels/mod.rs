@@ -121,7 +121,7 @@ impl KernelFamily {
     /// narrower stores — so the split form (a whole tile decoded before the dot stage) is
     /// faster. The AVX2 and AVX-512 `tq1` kernels extract digits in registers and have no such
     /// buffer (AVX2, in cache: fused 1.5-2.3× split for 1, 2 and 8 tokens). On AVX2 `tq1`
-    /// looks sums up instead (`lut`: 1.75× fused for one token on Zen 3, 2B4T shapes in cache,
+    /// looks sums up instead (`lut`: 1.86× fused for one token on Zen 3, 2B4T shapes in cache,
     /// and no slower for batches); AVX-512 keeps its fused `vpdpbusd` kernel, which `lut` has not
     /// been measured against on an AVX-512 machine.
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
