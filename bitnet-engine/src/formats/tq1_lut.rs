@@ -179,20 +179,23 @@ impl Tq1LutMatrix {
 
     /// Ternary value at (row, col), decoded from the repacked bytes (the test oracle's view).
     pub fn get(&self, row: usize, col: usize) -> i8 {
-        let (tile, j) = (row / LUT_TILE_ROWS, row % LUT_TILE_ROWS);
-        let (g, i) = (col / LUT_GROUP, col % LUT_GROUP);
-        let (s, gi) = (g / LUT_SPAN_GROUPS, g % LUT_SPAN_GROUPS);
-        let span = self.span(tile, s);
-        let (h, pair) = (gi % 2, gi / 2);
-        let lane = 16 * h + j;
-        let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
-        let neg = span[128 + lane] >> pair & 1 == 1;
-        let t = lut_pattern(p as usize)[i];
+        let (p, neg) = self.group_code(row, col / LUT_GROUP);
+        let t = lut_pattern(p as usize)[col % LUT_GROUP];
         if neg {
             -t
         } else {
             t
         }
+    }
+
+    /// Group g of row `row` as stored: its pattern index and whether it is negated.
+    #[inline]
+    pub fn group_code(&self, row: usize, g: usize) -> (u8, bool) {
+        let span = self.span(row / LUT_TILE_ROWS, g / LUT_SPAN_GROUPS);
+        let (h, pair) = (g % 2, g % LUT_SPAN_GROUPS / 2);
+        let lane = 16 * h + row % LUT_TILE_ROWS;
+        let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
+        (p, span[128 + lane] >> pair & 1 == 1)
     }
 
     /// The `LUT_SPAN_BYTES` of span `s` of tile `tile`.
