@@ -36,6 +36,9 @@ pub struct ActivationBatch {
     sums: Vec<i32>,
     /// `[batch, padded / 256]`: Σ q over each 256-column block.
     block_sums: Vec<i32>,
+    /// `[batch, padded / 16]`: Σ q over each 16 columns (|Σ| ≤ 2048), for the Q6_K LM head's
+    /// `− 32` offset.
+    sub_sums: Vec<i16>,
     /// `[batch, 8, words]`: bit p of every q, packed 64 per word; filled by `build_planes`.
     planes: Vec<u64>,
     /// `[batch, 8]`: popcount of each plane.
@@ -129,6 +132,7 @@ impl ActivationBatch {
             scales: vec![0.0; batch],
             sums: vec![0; batch],
             block_sums: vec![0; batch * padded / ACT_PAD],
+            sub_sums: vec![0; batch * padded / 16],
             planes: vec![0; batch * ACT_PLANES * words],
             plane_counts: vec![0; batch * ACT_PLANES],
             planes_ready: false,
@@ -200,11 +204,15 @@ impl ActivationBatch {
     }
 
     fn finish(&mut self) {
-        let nblk = self.padded / ACT_PAD;
+        let (nblk, nsub) = (self.padded / ACT_PAD, self.padded / 16);
         for b in 0..self.batch {
             let q = &self.values.as_i8()[b * self.padded..(b + 1) * self.padded];
+            let subs = &mut self.sub_sums[b * nsub..(b + 1) * nsub];
+            for (s, chunk) in subs.iter_mut().zip(q.chunks_exact(16)) {
+                *s = chunk.iter().map(|v| *v as i16).sum();
+            }
             let mut total = 0i32;
-            for (blk, chunk) in q.chunks_exact(ACT_PAD).enumerate() {
+            for (blk, chunk) in subs.chunks_exact(ACT_PAD / 16).enumerate() {
                 let s: i32 = chunk.iter().map(|v| *v as i32).sum();
                 self.block_sums[b * nblk + blk] = s;
                 total += s;
@@ -297,6 +305,12 @@ impl ActivationBatch {
     pub fn sums(&self) -> &[i32] {
         &self.sums[..self.batch]
     }
+    /// Token `b`'s sums per 16 columns.
+    #[inline]
+    pub fn sub_sums(&self, b: usize) -> &[i16] {
+        let n = self.padded / 16;
+        &self.sub_sums[b * n..(b + 1) * n]
+    }
     /// Token `b`'s sums per 256-column block.
     #[inline]
     pub fn block_sums(&self, b: usize) -> &[i32] {
@@ -346,6 +360,9 @@ mod tests {
         assert!(a.token(0)[300..].iter().all(|v| *v == 0));
         assert_eq!(a.sum(0), a.token(0).iter().map(|v| *v as i32).sum::<i32>());
         assert_eq!(a.block_sums(0).iter().sum::<i32>(), a.sum(0));
+        for (j, s) in a.sub_sums(0).iter().enumerate() {
+            assert_eq!(*s as i32, a.token(0)[16 * j..16 * j + 16].iter().map(|v| *v as i32).sum::<i32>());
+        }
         assert_eq!((a.scale(1), a.sum(1)), (0.0, 0));
         assert_eq!(a.token(0).iter().map(|v| v.unsigned_abs()).max(), Some(127));
     }

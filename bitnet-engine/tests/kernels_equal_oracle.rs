@@ -166,6 +166,75 @@ fn int8_rows_equal_plain_loops() {
     }
 }
 
+/// The Q6_K kernel (a GGUF's LM head) at every ISA level equals plain integer loops written
+/// here from the block definition, bit for bit: per block Σⱼ scaleⱼ · Σ (q − 32)·x in i32, times
+/// d in f64, blocks in order, then the token's scale. Random blocks, and blocks at the extremes
+/// (every code 63 or 0, scales −128 and 127) against activations −128 and 127; one token and
+/// batches; odd row ranges.
+#[test]
+fn q6k_rows_equal_plain_loops() {
+    use bitnet_engine::formats::{Q6kRows, Q6K_BLOCK_BYTES};
+    use bitnet_engine::kernels::q6k_rows_matmul;
+    for k in [256usize, 512, 2560] {
+        let n = 21;
+        let random = Q6kRows::random(n, k, 0.05, k as u64).unwrap();
+        let mut bytes = random.as_bytes().to_vec();
+        for (i, b) in bytes.chunks_exact_mut(Q6K_BLOCK_BYTES).enumerate() {
+            let (ql, qh, sc) = match i % 3 {
+                0 => (0xFF, 0xFF, 0x80), // q = 63, scale −128
+                1 => (0x00, 0x00, 0x7F), // q = 0, scale 127
+                _ => continue,
+            };
+            b[..128].fill(ql);
+            b[128..192].fill(qh);
+            b[192..208].fill(sc);
+        }
+        let extreme = Q6kRows::from_bytes(n, k, &bytes).unwrap();
+        for m in [&random, &extreme] {
+            for batch in [1usize, 2, 3, 5, 8, 9] {
+                let mut x = activations(batch, k, 200 + batch as u64);
+                if batch == 3 {
+                    let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, -128, -127, 0, 1][i % 6]).collect();
+                    x.set_quantized(&q, &[0.5, 0.25, 1.0]).unwrap();
+                }
+                if batch == 2 {
+                    let q: Vec<i8> = (0..batch * k).map(|i| if i < k { -128 } else { 127 }).collect();
+                    x.set_quantized(&q, &[0.5, 0.25]).unwrap();
+                }
+                for rows in [0..n, 3..4, 5..20] {
+                    let want: Vec<f32> = rows
+                        .clone()
+                        .flat_map(|r| {
+                            let x = &x;
+                            (0..batch).map(move |b| {
+                                let mut acc = 0f64;
+                                for blk in 0..k / QK_K {
+                                    let mut isum = 0i32;
+                                    for c in blk * QK_K..(blk + 1) * QK_K {
+                                        let w = m.code(r, c) as i32 - 32;
+                                        isum += m.sub_scale(r, c) as i32 * w * x.token(b)[c] as i32;
+                                    }
+                                    acc += m.block_scale(r, blk).to_f64() * isum as f64;
+                                }
+                                acc as f32 * x.scale(b)
+                            })
+                        })
+                        .collect();
+                    for isa in IsaLevel::ALL {
+                        let mut got = vec![f32::NAN; rows.len() * batch];
+                        q6k_rows_matmul(isa, m, &x, rows.clone(), &mut got).unwrap();
+                        assert_eq!(
+                            got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                            "{isa} K {k} batch {batch} rows {rows:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn extreme_activations_equal_oracle() {
     let kernels = kernels_under_test();

@@ -1,8 +1,10 @@
 //! Packed weight formats. Each packs from a dense [`TernaryMatrix`] and unpacks back.
 
 pub mod bitplanes;
+pub mod embedding;
 pub mod i2;
 pub mod int8;
+pub mod q6k;
 pub mod tq1;
 pub mod tq1_lut;
 pub mod tq2;
@@ -14,8 +16,10 @@ use crate::error::{Error, Result};
 use crate::ternary::TernaryMatrix;
 
 pub use bitplanes::{BinaryMatrix, BitPlaneMatrix};
+pub use embedding::EmbeddingRows;
 pub use i2::{BlockI2, I2Matrix};
 pub use int8::Int8Rows;
+pub use q6k::{Q6kRows, Q6K_BLOCK_BYTES};
 pub use tq1::{BlockTq1_0, Tq1Matrix};
 pub use tq1_lut::Tq1LutMatrix;
 pub use tq2::{BlockTq2_0, Tq2Matrix, QK_K};

@@ -649,6 +649,79 @@ pub fn int8_rows_matmul(
     Ok(())
 }
 
+/// The LM head: `out[(r − rows.start) × B + b]` = row r of `m` · token b, in the head's own
+/// format ([`int8_rows_matmul`] or [`q6k_rows_matmul`]).
+pub fn head_matmul(
+    isa: IsaLevel,
+    m: &crate::formats::EmbeddingRows,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    match m {
+        crate::formats::EmbeddingRows::Int8(m) => int8_rows_matmul(isa, m, x, rows, out),
+        crate::formats::EmbeddingRows::Q6K(m) => q6k_rows_matmul(isa, m, x, rows, out),
+    }
+}
+
+/// `out[(r − rows.start) × B + b]` = row r of a Q6_K matrix · token b: per 256-weight block the
+/// exact integer `Σⱼ scaleⱼ · Σ (q − 32)·x` over its 16 sub-blocks, times the block's `d` in
+/// f64, summed over blocks in order, then scaled by the token's scale (`finish_blocks`).
+/// Uses the best ISA level at or below `isa` that this CPU has; every level gives identical
+/// results. (AVX-512 runs the AVX2 code: the head is read at the bus rate either way.)
+pub fn q6k_rows_matmul(
+    isa: IsaLevel,
+    m: &crate::formats::Q6kRows,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    if x.cols() != m.cols() || x.padded_cols() != m.cols() {
+        return Err(Error::Shape(format!("Q6_K rows have K = {} but activations have K = {}", m.cols(), x.cols())));
+    }
+    if rows.end > m.rows() || out.len() != rows.len() * x.batch() {
+        return Err(Error::Shape(format!(
+            "Q6_K rows: rows {rows:?} of {} with {} tokens need {} outputs, got {}",
+            m.rows(),
+            x.batch(),
+            rows.len() * x.batch(),
+            out.len()
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= IsaLevel::Avx2 {
+        if let Some(t) = x86_avx2::Avx2::new() {
+            x86_avx2::q6k_rows(t, m, x, rows, out);
+            return Ok(());
+        }
+    }
+    let _ = isa;
+    q6k_rows_portable(m, x, rows, out);
+    Ok(())
+}
+
+/// The plain Q6_K × int8 loop that defines [`q6k_rows_matmul`]'s results.
+pub(crate) fn q6k_rows_portable(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    use crate::formats::QK_K;
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        for b in 0..batch {
+            let xb = x.token(b);
+            let mut acc = 0f64;
+            for blk in 0..m.blocks_per_row() {
+                let mut isum = 0i32;
+                for j in 0..QK_K / 16 {
+                    let c0 = blk * QK_K + 16 * j;
+                    let sub: i32 = (c0..c0 + 16).map(|c| (m.code(r, c) as i32 - 32) * xb[c] as i32).sum();
+                    isum += m.sub_scale(r, c0) as i32 * sub;
+                }
+                acc += m.block_scale(r, blk).to_f64() * isum as f64;
+            }
+            out[i * batch + b] = finish_blocks(acc, x.scale(b));
+        }
+    }
+}
+
 /// One ISA's register tile of the int8-row matmul: rows `r..r+R` × tokens `b0..b0+G`, writing
 /// `out[i × batch + b]`. `STREAM`: the R rows (stored back to back) are asked for in L2 as one
 /// ascending stream (`x86_avx2::prefetch_rows_l2`); otherwise each row's lines in L2 and L1.

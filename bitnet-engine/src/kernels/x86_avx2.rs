@@ -1487,3 +1487,123 @@ unsafe fn int8_tile<const R: usize, const G: usize, const STREAM: bool>(
         }
     }
 }
+
+/// Q6_K LM head without VNNI (the AVX-512 level runs it too). Per 32 weights: the 6-bit codes
+/// q (low nibble from `ql`, two high bits from `qh`) as unsigned bytes × the token's int8
+/// values with `vpmaddubsw` (a pair sums to at most 2 · 63 · 128 = 16128 < 2¹⁵), then
+/// `vpmaddwd` by the two 16-weight sub-blocks' scales. Per block, the `− 32` offset is one
+/// `vpmaddwd` of the 16 scales by the token's 16-column sums, and the exact i32 sum (at most
+/// 16 · 128 · 16 · 32 · 128 = 2²⁷ in magnitude) is scaled by `d` in f64, as the portable loop.
+pub(crate) fn q6k_rows(
+    _t: Avx2,
+    m: &crate::formats::Q6kRows,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // SAFETY: the token proves AVX2 and F16C; rows and out were bounds-checked by
+    // `q6k_rows_matmul`, every row is `blocks_per_row` 210-byte blocks, and every token is
+    // `cols` = 256 · blocks_per_row values with `cols / 16` sums.
+    unsafe { q6k_rows_impl(m, x, rows, out) }
+}
+
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        let o = &mut out[i * batch..(i + 1) * batch];
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = 4.min(batch - b0);
+            match g {
+                1 => q6k_tile::<1>(m, r, x, b0, o),
+                2 => q6k_tile::<2>(m, r, x, b0, o),
+                3 => q6k_tile::<3>(m, r, x, b0, o),
+                _ => q6k_tile::<4>(m, r, x, b0, o),
+            }
+            b0 += g;
+        }
+    }
+}
+
+/// `vpshufb` patterns (within each 128-bit half) that broadcast one i16 of eight: for chunk n of
+/// a block half, the low half takes scale 2n and the high half scale 2n + 1 of a vector holding
+/// that half's eight sub-block scales (as i16) in both halves.
+static Q6K_SCALE_PICK: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut n = 0;
+    while n < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let k = 2 * n + i / 16; // the i16 lane to broadcast
+            t[n][i] = (2 * k + i % 2) as u8;
+            i += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
+/// Row `r` × tokens `b0..b0+G` of a Q6_K matrix, into `out[b]`. The first token group streams
+/// the row in (rows are back to back, so the L2 prefetches run on into the next row); later
+/// groups read it from cache.
+#[inline(always)]
+unsafe fn q6k_tile<const G: usize>(
+    m: &crate::formats::Q6kRows,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    out: &mut [f32],
+) {
+    use crate::formats::Q6K_BLOCK_BYTES;
+    let row = m.row_bytes(r).as_ptr();
+    let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
+    let sums: [*const i16; G] = std::array::from_fn(|g| x.sub_sums(b0 + g).as_ptr());
+    let (low4, high2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut acc = [0f64; G];
+    for blk in 0..m.blocks_per_row() {
+        let off = blk * Q6K_BLOCK_BYTES;
+        if b0 == 0 {
+            prefetch_rows_l2::<1>(row, off, Q6K_BLOCK_BYTES);
+        }
+        let p = row.add(off);
+        let scales = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        // Each half's eight scales as i16 in both 128-bit halves, for one in-lane shuffle per
+        // chunk (`vpshufb` + `vpmovsxbw` per chunk, as written first, compiled to four shuffles).
+        let halves = [_mm256_permute4x64_epi64::<0x44>(sc16), _mm256_permute4x64_epi64::<0xEE>(sc16)];
+        let mut isum = [_mm256_setzero_si256(); G];
+        for h in 0..2 {
+            let (ql0, ql1, qh) = (load(p.add(64 * h)), load(p.add(64 * h + 32)), load(p.add(128 + 32 * h)));
+            // Weights 32n..32n + 32 of this half: low bits from ql0 (n even) or ql1 (n odd), the
+            // low or high nibble; high bits at shift 2n of qh, moved to bits 4–5. (16-bit shifts
+            // carry bits across bytes only into positions the masks clear.)
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high2)),
+                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4), _mm256_and_si256(qh, high2)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high2),
+                ),
+            ];
+            for (n, qn) in q.iter().enumerate() {
+                let c = 4 * h + n;
+                let pick = _mm256_loadu_si256(Q6K_SCALE_PICK[n].as_ptr() as *const __m256i);
+                let sc = _mm256_shuffle_epi8(halves[h], pick);
+                for g in 0..G {
+                    let xv = load(xs[g].add(blk * QK_K + 32 * c));
+                    isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(_mm256_maddubs_epi16(*qn, xv), sc));
+                }
+            }
+        }
+        let d = f16_to_f64(half::f16::from_bits((p.add(208) as *const u16).read_unaligned()));
+        for g in 0..G {
+            let offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256(sums[g].add(16 * blk) as *const __m256i));
+            acc[g] += d * hsum_i32(_mm256_sub_epi32(isum[g], _mm256_slli_epi32::<5>(offset))) as f64;
+        }
+    }
+    for g in 0..G {
+        out[b0 + g] = finish_blocks(acc[g], x.scale(b0 + g));
+    }
+}
