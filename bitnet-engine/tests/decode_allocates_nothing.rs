@@ -40,7 +40,12 @@ fn decode_steps_do_not_allocate() {
         (WeightFormat::Tq1_0, KernelFamily::Tq1),
         (WeightFormat::BitPlanes, KernelFamily::Xnor),
     ] {
-        let model = Model::synthetic("tiny", format, 7, 2).unwrap();
+        let mut model = Model::synthetic("tiny", format, 7, 2).unwrap();
+        if format == WeightFormat::Tq2_0 {
+            // A GGUF's Q6_K embedding and LM head, run as stored.
+            let (vocab, hidden) = (model.config.vocab, model.config.hidden);
+            model.weights.token_embd = bitnet_engine::formats::Q6kRows::random(vocab, hidden, 1e-4, 3).unwrap().into();
+        }
         let mut cases = vec![
             (1usize, KvPrecision::F16, KernelForm::Fused, Level::Off),
             (4, KvPrecision::Int4, KernelForm::Fused, Level::Aggregate),

@@ -211,6 +211,45 @@ fn saved_models_load_back_with_the_same_weights() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A Q6_K embedding (what llama.cpp's quantizer writes for BitNet models) is kept as stored:
+/// `--save-gguf` writes its blocks as they are, loading reads them back byte for byte, and the
+/// loaded model's logits equal the original's bit for bit; a block with a non-finite scale is
+/// refused by tensor name.
+#[test]
+fn q6_k_embeddings_are_run_and_saved_as_stored() {
+    use bitnet_engine::formats::{EmbeddingRows, Q6kRows};
+    let dir = std::env::temp_dir().join(format!("bitnet-gguf-q6k-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut model = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 9, 2).unwrap();
+    let (vocab, hidden) = (model.config.vocab, model.config.hidden);
+    model.weights.token_embd = Q6kRows::random(vocab, hidden, 2e-4, 11).unwrap().into();
+    let path = dir.join("q6k.gguf");
+    bitnet_engine::gguf::save_model(&model, WeightFormat::Tq2_0, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let t = f.tensor("token_embd.weight").unwrap();
+    assert_eq!(t.ggml_type.name(), "Q6_K");
+    let EmbeddingRows::Q6K(stored) = &model.weights.token_embd else { unreachable!() };
+    assert_eq!(f.data(t), stored.as_bytes());
+    let loaded = load_model(&path).unwrap();
+    assert_eq!(loaded.weights.token_embd, model.weights.token_embd);
+    assert_eq!(loaded.weights.bytes_read_per_token(), model.weights.bytes_read_per_token());
+    let prompt = [3u32, 1, 4, 1, 5];
+    let logits = |m: &bitnet_engine::Model| {
+        let mut st = State::new(m, &StateOptions::new(1, 16, KvPrecision::F32, 2)).unwrap();
+        greedy(m, &mut st, &prompt, 4, true).unwrap().logits
+    };
+    let bits = |l: Vec<Vec<f32>>| l.into_iter().flatten().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(logits(&loaded)), bits(logits(&model)));
+    // d of token 7's first block → NaN: refused, naming the tensor, the row and the block.
+    let at = f.data_offset + t.offset as usize + 7 * 210 + 208;
+    let mut bad = bytes.clone();
+    bad[at..at + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
+    let e = try_load(&bad).unwrap_err();
+    assert!(e.contains("token_embd.weight") && e.contains("row 7, block 0") && e.contains("non-finite"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn projection_scale_tensors_load_and_scale_outputs() {
     // llama.cpp's `bitnet` models may carry blk.N.<proj>.scale: one F32 that multiplies the

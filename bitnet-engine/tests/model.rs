@@ -60,6 +60,27 @@ fn fast_forward_matches_the_reference() {
     assert!(fast.tokens.iter().collect::<std::collections::HashSet<_>>().len() > 3, "{:?}", fast.tokens);
 }
 
+/// A Q6_K embedding and tied LM head (as GGUF files carry them) run as stored: the fast forward
+/// matches the reference (whose head dots the dequantized rows in f64), with the same greedy
+/// tokens, and 1 and 2 threads give identical logits.
+#[test]
+fn a_q6_k_embedding_and_head_match_the_reference() {
+    use bitnet_engine::formats::Q6kRows;
+    let mut model = tiny(WeightFormat::Tq2_0);
+    let (vocab, hidden) = (model.config.vocab, model.config.hidden);
+    model.weights.token_embd = Q6kRows::random(vocab, hidden, 1e-4, 13).unwrap().into();
+    let fast = run(&model, KvPrecision::F32, 2);
+    let reference = assert_matches_reference(&model, &PROMPT, &fast);
+    let ref_tokens: Vec<u32> = reference[PROMPT.len() - 1..].iter().map(|l| bitnet_engine::model::argmax(l)).collect();
+    assert_eq!(ref_tokens, fast.tokens);
+    assert!(fast.tokens.iter().collect::<std::collections::HashSet<_>>().len() > 3, "{:?}", fast.tokens);
+    let one = run(&model, KvPrecision::F32, 1);
+    assert_eq!(one.tokens, fast.tokens);
+    for (a, b) in one.logits.iter().zip(&fast.logits) {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+}
+
 #[test]
 fn threads_and_equivalent_kernels_give_identical_logits() {
     let i2 = tiny(WeightFormat::I2);

@@ -2,7 +2,7 @@
 //! `bitnet-25` (2B4T).
 
 use crate::error::{Error, Result};
-use crate::formats::{I2Matrix, Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix};
+use crate::formats::{EmbeddingRows, I2Matrix, Int8Rows, PackedWeights, Q6kRows, Tq1Matrix, Tq2Matrix};
 use crate::gguf::reader::{GgufFile, TensorDesc};
 use crate::gguf::types::{decode_f32, decode_i2s, GgmlType};
 use crate::model::config::{FfnActivation, ModelConfig};
@@ -146,7 +146,20 @@ fn out_scale(f: &GgufFile<'_>, name: &str) -> Result<f32> {
     Ok(v[0])
 }
 
-/// A `[rows, cols]` matrix (embedding, untied output) as int8 rows.
+/// A `[rows, cols]` embedding or untied output: Q6_K as stored (what llama.cpp reads), any
+/// float type as int8 rows.
+fn embedding(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<EmbeddingRows> {
+    let t = tensor(f, name)?;
+    if t.ggml_type == GgmlType::Q6K {
+        check_shape(t, rows, cols)?;
+        return Ok(Q6kRows::from_bytes(rows, cols, f.data(t))
+            .map_err(|e| Error::Format(format!("tensor '{name}': {e}")))?
+            .into());
+    }
+    Ok(int8_rows(f, name, rows, cols)?.into())
+}
+
+/// A `[rows, cols]` float matrix (embedding, untied output) as int8 rows.
 fn int8_rows(f: &GgufFile<'_>, name: &str, rows: usize, cols: usize) -> Result<Int8Rows> {
     let t = tensor(f, name)?;
     check_shape(t, rows, cols)?;
@@ -264,9 +277,9 @@ fn weights_from_gguf(f: &GgufFile<'_>, cfg: &ModelConfig) -> Result<Weights> {
         });
     }
     Ok(Weights {
-        token_embd: int8_rows(f, "token_embd.weight", cfg.vocab, h)?,
+        token_embd: embedding(f, "token_embd.weight", cfg.vocab, h)?,
         layers,
         output_norm: vector(f, "output_norm.weight", h)?,
-        lm_head: if cfg.tied_embeddings { None } else { Some(int8_rows(f, "output.weight", cfg.vocab, h)?) },
+        lm_head: if cfg.tied_embeddings { None } else { Some(embedding(f, "output.weight", cfg.vocab, h)?) },
     })
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use half::f16;
 
 use crate::error::{Error, Result};
-use crate::formats::{Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix, WeightFormat};
+use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix, WeightFormat};
 use crate::gguf::reader::Value;
 use crate::gguf::types::GgmlType;
 use crate::model::forward::Model;
@@ -128,6 +128,17 @@ fn vocabulary(n: usize) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
     (tokens, vec![Value::F32(0.0); n], types)
 }
 
+/// An embedding or untied output: Q6_K as it is; int8 rows as F16 (every int8 × scale value is
+/// within f16's range and loses at most f16's rounding).
+fn embedding_tensor<'a>(name: &str, m: &'a EmbeddingRows) -> PendingTensor<'a> {
+    match m {
+        EmbeddingRows::Int8(rows) => matrix(name.into(), m.rows(), m.cols(), GgmlType::F16, Box::new(f16_rows(rows))),
+        EmbeddingRows::Q6K(q) => {
+            matrix(name.into(), m.rows(), m.cols(), GgmlType::Q6K, Box::new(move |w| w.write_all(q.as_bytes())))
+        }
+    }
+}
+
 fn f16_rows(m: &Int8Rows) -> impl Fn(&mut dyn Write) -> std::io::Result<()> + '_ {
     move |w| {
         let mut row = vec![0f32; m.cols()];
@@ -201,13 +212,7 @@ pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
     ];
     let mut tensors: Vec<PendingTensor> = Vec::new();
-    tensors.push(matrix(
-        "token_embd.weight".into(),
-        cfg.vocab,
-        cfg.hidden,
-        GgmlType::F16,
-        Box::new(f16_rows(&w.token_embd)),
-    ));
+    tensors.push(embedding_tensor("token_embd.weight", &w.token_embd));
     for (l, lw) in w.layers.iter().enumerate() {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         let lin = |name: &str, p| linear(n(name), p, ty);
@@ -235,7 +240,7 @@ pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()
     }
     tensors.push(vector("output_norm.weight".into(), &w.output_norm));
     if let Some(head) = &w.lm_head {
-        tensors.push(matrix("output.weight".into(), cfg.vocab, cfg.hidden, GgmlType::F16, Box::new(f16_rows(head))));
+        tensors.push(embedding_tensor("output.weight", head));
     }
     write_file(path, &meta, &tensors)
 }

@@ -9,7 +9,7 @@ use crate::formats::{PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_weighted_sum, attention_weighted_sum_encoded, decode_kv_rows,
-    int8_rows_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
+    head_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
     KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
@@ -303,7 +303,7 @@ impl State {
         let ctx = if on { SpanCtx::new(phase_of(seqs, positions), self.step) } else { SpanCtx::new(Phase::Decode, 0) };
         self.step = self.step.wrapping_add(1);
         self.last_phase = ctx.phase;
-        let emb_bytes = (rows * (w.token_embd.stride() + 4)) as u64;
+        let emb_bytes = (rows * w.token_embd.row_bytes()) as u64;
         self.workers[0].rec.time(ctx, Stage::Embed, emb_bytes, || {
             for (r, &t) in tokens.iter().enumerate() {
                 w.token_embd.dequantize_row(t as usize, &mut self.x[r * h..(r + 1) * h]);
@@ -467,7 +467,7 @@ impl State {
                 while let Some((first, chunk)) = blocks.next_block() {
                     let r = first..first + chunk.len() / n;
                     *bytes.get_or_insert(0) += head_bytes * r.len() as u64 / vocab as u64;
-                    int8_rows_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
+                    head_matmul(isa, head, act, r, chunk).expect("shapes checked when the state was built");
                 }
                 if let Some(bytes) = bytes {
                     wk.rec.chunk_start = t0;

@@ -3,7 +3,7 @@
 //! the model's definition with the fast path — including BitLinear's per-token absmax int8
 //! activation quantization (q = round_half_even(x × 127 / absmax)) — not its code.
 
-use crate::formats::{PackedWeights, QK_K};
+use crate::formats::{EmbeddingRows, PackedWeights, QK_K};
 use crate::model::config::FfnActivation;
 use crate::model::forward::Model;
 
@@ -89,8 +89,8 @@ pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut values: Vec<Vec<Vec<f32>>> = vec![Vec::new(); cfg.layers];
     let mut out = Vec::new();
     for (pos, &t) in tokens.iter().enumerate() {
-        let mut x: Vec<f32> =
-            (0..cfg.hidden).map(|c| w.token_embd.get(t as usize, c) as f32 * w.token_embd.scale(t as usize)).collect();
+        let mut x = vec![0f32; cfg.hidden];
+        w.token_embd.dequantize_row(t as usize, &mut x);
         for (l, lw) in w.layers.iter().enumerate() {
             let [wq, wk, wv, wo, wg, wu, wd] = &layers[l];
             let [sq, sk, sv, so, sg, su, sd] = lw.out_scales;
@@ -144,12 +144,21 @@ pub fn reference_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         }
         let xn = rms_norm(&x, &w.output_norm, cfg.norm_eps);
         let (q, s) = quantize_a8(&xn);
-        let head = w.lm_head();
+        let mut row = vec![0f32; cfg.hidden];
         out.push(
             (0..cfg.vocab)
                 .map(|v| {
-                    let dot: f64 = (0..cfg.hidden).map(|c| head.get(v, c) as f64 * q[c] as f64).sum();
-                    (dot * head.scale(v) as f64 * s as f64) as f32
+                    let dot = match w.lm_head() {
+                        EmbeddingRows::Int8(head) => {
+                            (0..cfg.hidden).map(|c| head.get(v, c) as f64 * q[c] as f64).sum::<f64>()
+                                * head.scale(v) as f64
+                        }
+                        EmbeddingRows::Q6K(head) => {
+                            head.dequantize_row(v, &mut row);
+                            row.iter().zip(&q).map(|(w, x)| *w as f64 * *x as f64).sum::<f64>()
+                        }
+                    };
+                    (dot * s as f64) as f32
                 })
                 .collect(),
         );

@@ -2,7 +2,7 @@
 //! Synthetic weights are generated deterministically from a seed.
 
 use crate::error::Result;
-use crate::formats::{Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
+use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
 use crate::kernels::Kernel;
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix64;
@@ -41,18 +41,18 @@ pub struct LayerWeights {
 /// All weights of a model.
 #[derive(Debug, Clone)]
 pub struct Weights {
-    /// `[vocab, hidden]` int8 with a scale per row.
-    pub token_embd: Int8Rows,
+    /// `[vocab, hidden]`: int8 with a scale per row, or Q6_K as a GGUF stores it.
+    pub token_embd: EmbeddingRows,
     pub layers: Vec<LayerWeights>,
     /// `[hidden]`
     pub output_norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` when tied to `token_embd`.
-    pub lm_head: Option<Int8Rows>,
+    pub lm_head: Option<EmbeddingRows>,
 }
 
 impl Weights {
     /// The matrix the LM head multiplies by.
-    pub fn lm_head(&self) -> &Int8Rows {
+    pub fn lm_head(&self) -> &EmbeddingRows {
         self.lm_head.as_ref().unwrap_or(&self.token_embd)
     }
 
@@ -142,9 +142,9 @@ impl Weights {
         });
         let layers = layers.into_iter().map(|l| l.expect("every layer generated")).collect::<Result<Vec<_>>>()?;
         let embd_std = 1.0 / (cfg.hidden as f32).sqrt();
-        let token_embd = synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0xE1BD, threads);
-        let lm_head =
-            (!cfg.tied_embeddings).then(|| synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0x1EAD, threads));
+        let token_embd = synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0xE1BD, threads).into();
+        let lm_head = (!cfg.tied_embeddings)
+            .then(|| synthetic_int8(cfg.vocab, cfg.hidden, embd_std, seed ^ 0x1EAD, threads).into());
         let output_norm = norm_vector(cfg.hidden, seed ^ 0x0077);
         Ok(Self { token_embd, layers, output_norm, lm_head })
     }
