@@ -63,10 +63,14 @@ fn a_run_emits_exactly_the_expected_spans() {
         assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Norm), d);
         assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Rope), d);
         assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::KvWrite), d);
-        // Attention: one qk/softmax/av per head per decode row; per prompt row in prefill.
-        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Qk), d * heads);
-        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Av), d * heads);
-        assert_eq!(get(Phase::Prefill, l, Op::Attn, Stage::Softmax), PROMPT.len() as u64 * heads);
+        // Attention: one qk/softmax/av per read of a KV head's rows per decode row (per prompt
+        // row in prefill). With an f16 cache the query heads sharing a KV head are one item
+        // (tiny: 2 per KV head; one thread, so nothing splits them).
+        let items = heads / (model.config.heads / model.config.kv_heads) as u64;
+        assert_eq!(items, 2);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Qk), d * items);
+        assert_eq!(get(Phase::Decode, l, Op::Attn, Stage::Av), d * items);
+        assert_eq!(get(Phase::Prefill, l, Op::Attn, Stage::Softmax), PROMPT.len() as u64 * items);
         for op in [Op::Q, Op::K, Op::V, Op::O, Op::Gate, Op::Up, Op::Down] {
             assert_eq!(get(Phase::Decode, l, op, Stage::UnpackDot), d, "{op}");
             // One decode row: O, gate (activated together with up) and down write their

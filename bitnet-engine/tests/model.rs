@@ -87,6 +87,8 @@ fn threads_and_equivalent_kernels_give_identical_logits() {
     let one = run(&i2, KvPrecision::F16, 1);
     let two = run(&i2, KvPrecision::F16, 2);
     let three = run(&i2, KvPrecision::F16, 3);
+    // Also grouped against per-head attention: one thread reads each KV head once for its two
+    // query heads, three threads (two KV heads do not split evenly over them) once per head.
     assert_eq!(one, two);
     assert_eq!(one, three);
     // Bit-planes hold the same ternary values with the same f32 scale: the xnor kernels must

@@ -817,6 +817,88 @@ fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out:
     }
 }
 
+/// Scores of the `heads` query heads of one grouped-query group (`qs`: `heads` rows of hd) over
+/// their shared keys: `out[g·n + p]` = [`attention_scores`] of head g (n = `out.len() / heads`),
+/// bit for bit. With AVX2 (and no AVX-512) one pass over the keys serves every head of the group,
+/// so a KV head is read once per step instead of once per query head; AVX-512 machines run
+/// their per-head kernel for each head (a grouped 512-bit kernel has not been written, as it
+/// could not be measured on the machines this was built on).
+pub(crate) fn attention_scores_group<K: KeyElem>(
+    qs: &[f32],
+    heads: usize,
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[K],
+) {
+    let (hd, n) = (qs.len() / heads, out.len() / heads);
+    #[cfg(target_arch = "x86_64")]
+    if x86_avx512::Avx512::new().is_none() {
+        if let Some(t) = x86_avx2::Avx2::new() {
+            return K::scores_group_avx2(t, qs, keys, scale, out, n, ahead);
+        }
+    }
+    for (g, (q, o)) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n)).enumerate() {
+        attention_scores(q, keys, scale, o, if g == 0 { ahead } else { &[] });
+    }
+}
+
+/// The definition of [`attention_scores_group`]: each head on its own.
+pub(crate) fn attention_scores_group_portable<K: KeyElem>(
+    qs: &[f32],
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+) {
+    if n == 0 {
+        return;
+    }
+    let hd = qs.len() / (out.len() / n);
+    for (q, o) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+        attention_scores_portable(q, keys, scale, o);
+    }
+}
+
+/// The weighted sums of the `heads` heads of one group over their shared values (`ws`: `heads`
+/// rows of n weights; `os`: `heads` rows of hd): each head's `os` row as
+/// [`attention_weighted_sum`] leaves it, bit for bit, in one pass over the values (AVX2; see
+/// [`attention_scores_group`]).
+pub(crate) fn attention_weighted_sum_group<K: KeyElem>(
+    ws: &[f32],
+    heads: usize,
+    values: &[K],
+    os: &mut [f32],
+    ahead: &[K],
+) {
+    let (n, hd) = (ws.len() / heads, os.len() / heads);
+    #[cfg(target_arch = "x86_64")]
+    if x86_avx512::Avx512::new().is_none() {
+        if let Some(t) = x86_avx2::Avx2::new() {
+            return K::axpy_group_avx2(t, ws, n, values, os, hd, ahead);
+        }
+    }
+    for (g, (w, o)) in ws.chunks_exact(n.max(1)).zip(os.chunks_exact_mut(hd)).enumerate() {
+        attention_weighted_sum(&w[..n], values, o, if g == 0 { ahead } else { &[] });
+    }
+}
+
+/// The definition of [`attention_weighted_sum_group`]: each head on its own.
+pub(crate) fn attention_weighted_sum_group_portable<K: KeyElem>(
+    ws: &[f32],
+    n: usize,
+    values: &[K],
+    os: &mut [f32],
+    hd: usize,
+) {
+    if hd == 0 {
+        return;
+    }
+    for (g, o) in os.chunks_exact_mut(hd).enumerate() {
+        attention_weighted_sum_portable(&ws[g * n..(g + 1) * n], values, o);
+    }
+}
+
 /// The largest head size the portable attention's stack row holds (a model config above it is
 /// rejected when loaded).
 pub(crate) const MAX_HEAD_DIM: usize = 512;
@@ -1154,6 +1236,28 @@ pub(crate) trait KeyElem: Copy {
     fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn scores_group_avx2(
+        t: x86_avx2::Avx2,
+        qs: &[f32],
+        keys: &[Self],
+        scale: f32,
+        out: &mut [f32],
+        n: usize,
+        ahead: &[Self],
+    );
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn axpy_group_avx2(
+        t: x86_avx2::Avx2,
+        ws: &[f32],
+        n: usize,
+        values: &[Self],
+        os: &mut [f32],
+        hd: usize,
+        ahead: &[Self],
+    );
 }
 
 impl KeyElem for f32 {
@@ -1176,6 +1280,30 @@ impl KeyElem for f32 {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
         x86_avx2::attention_axpy_f32(t, w, values, o, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_group_avx2(
+        t: x86_avx2::Avx2,
+        qs: &[f32],
+        keys: &[f32],
+        scale: f32,
+        out: &mut [f32],
+        n: usize,
+        ahead: &[f32],
+    ) {
+        x86_avx2::attention_scores_group_f32(t, qs, keys, scale, out, n, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_group_avx2(
+        t: x86_avx2::Avx2,
+        ws: &[f32],
+        n: usize,
+        values: &[f32],
+        os: &mut [f32],
+        hd: usize,
+        ahead: &[f32],
+    ) {
+        x86_avx2::attention_axpy_group_f32(t, ws, n, values, os, hd, ahead)
     }
 }
 
@@ -1206,6 +1334,30 @@ impl KeyElem for half::f16 {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
         x86_avx2::attention_axpy_f16(t, w, values, o, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_group_avx2(
+        t: x86_avx2::Avx2,
+        qs: &[f32],
+        keys: &[half::f16],
+        scale: f32,
+        out: &mut [f32],
+        n: usize,
+        ahead: &[half::f16],
+    ) {
+        x86_avx2::attention_scores_group_f16(t, qs, keys, scale, out, n, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_group_avx2(
+        t: x86_avx2::Avx2,
+        ws: &[f32],
+        n: usize,
+        values: &[half::f16],
+        os: &mut [f32],
+        hd: usize,
+        ahead: &[half::f16],
+    ) {
+        x86_avx2::attention_axpy_group_f16(t, ws, n, values, os, hd, ahead)
     }
 }
 
@@ -1456,6 +1608,63 @@ mod tests {
                         let mut sum = q.clone();
                         super::x86_avx2::attention_weighted_sum_encoded(t, p, &w, &rows, &mut sum, &[], &mut buf);
                         assert_eq!(bits(&sum), bits(&want_sum), "AVX2 weighted sum, {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_attention_is_each_head_alone_bit_for_bit() {
+        // Every group size (2 and 4 take the one-pass kernels, 1 and 3 the per-head loop), head
+        // sizes with and without a 16-multiple, and enough positions to cross a position block.
+        let mut g = crate::rng::SplitMix64::new(23);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for heads in [1usize, 2, 3, 4] {
+            for hd in [64usize, 100, 128] {
+                for n in [0usize, 1, 17, 300, 600] {
+                    let qs: Vec<f32> = (0..heads * hd).map(|_| g.unit_f32() * 4.0 - 2.0).collect();
+                    let k32: Vec<f32> = (0..n * hd).map(|_| g.unit_f32() * 6.0 - 3.0).collect();
+                    let k16: Vec<half::f16> = k32.iter().map(|v| half::f16::from_f32(*v)).collect();
+                    let ws: Vec<f32> = (0..heads * n).map(|_| g.unit_f32()).collect();
+                    let o0: Vec<f32> = (0..heads * hd).map(|_| g.unit_f32() - 0.5).collect();
+                    let (mut a, mut b) = (vec![0f32; heads * n], vec![0f32; heads * n]);
+                    let case = format!("heads {heads} hd {hd} n {n}");
+                    super::attention_scores_group(&qs, heads, &k32, 0.125, &mut a, &k32[..k32.len().min(9)]);
+                    super::attention_scores_group_portable(&qs, &k32, 0.125, &mut b, n);
+                    assert_eq!(bits(&a), bits(&b), "f32 scores, {case}");
+                    super::attention_scores_group(&qs, heads, &k16, 0.125, &mut a, &[]);
+                    super::attention_scores_group_portable(&qs, &k16, 0.125, &mut b, n);
+                    assert_eq!(bits(&a), bits(&b), "f16 scores, {case}");
+                    // The definition is each head through the single-head loop.
+                    for h in 0..heads {
+                        let mut one = vec![0f32; n];
+                        super::attention_scores_portable(&qs[h * hd..(h + 1) * hd], &k16, 0.125, &mut one);
+                        assert_eq!(bits(&b[h * n..(h + 1) * n]), bits(&one), "definition, head {h}, {case}");
+                    }
+                    let (mut oa, mut ob) = (o0.clone(), o0.clone());
+                    super::attention_weighted_sum_group(&ws, heads, &k16, &mut oa, &k16[..k16.len().min(3)]);
+                    super::attention_weighted_sum_group_portable(&ws, n, &k16, &mut ob, hd);
+                    assert_eq!(bits(&oa), bits(&ob), "f16 sums, {case}");
+                    let (mut oa, mut ob) = (o0.clone(), o0.clone());
+                    super::attention_weighted_sum_group(&ws, heads, &k32, &mut oa, &[]);
+                    super::attention_weighted_sum_group_portable(&ws, n, &k32, &mut ob, hd);
+                    assert_eq!(bits(&oa), bits(&ob), "f32 sums, {case}");
+                    for h in 0..heads {
+                        let mut one = o0[h * hd..(h + 1) * hd].to_vec();
+                        super::attention_weighted_sum_portable(&ws[h * n..(h + 1) * n], &k32, &mut one);
+                        assert_eq!(bits(&ob[h * hd..(h + 1) * hd]), bits(&one), "sum definition, head {h}, {case}");
+                    }
+                    // The AVX2 entry points directly (what the dispatch skips on AVX-512 CPUs).
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(t) = super::x86_avx2::Avx2::new() {
+                        super::x86_avx2::attention_scores_group_f16(t, &qs, &k16, 0.125, &mut a, n, &[]);
+                        super::attention_scores_group_portable(&qs, &k16, 0.125, &mut b, n);
+                        assert_eq!(bits(&a), bits(&b), "AVX2 f16 scores, {case}");
+                        let (mut oa, mut ob) = (o0.clone(), o0.clone());
+                        super::x86_avx2::attention_axpy_group_f32(t, &ws, n, &k32, &mut oa, hd, &[]);
+                        super::attention_weighted_sum_group_portable(&ws, n, &k32, &mut ob, hd);
+                        assert_eq!(bits(&oa), bits(&ob), "AVX2 f32 sums, {case}");
                     }
                 }
             }

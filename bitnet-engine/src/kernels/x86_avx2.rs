@@ -1373,6 +1373,132 @@ unsafe fn axpy_block<K: Lanes8, const C: usize>(
     }
 }
 
+macro_rules! attention_group_avx2_entry {
+    ($($scores:ident, $axpy:ident: $t:ty;)*) => {$(
+        /// Scores of a group of query heads over one KV head's keys, one pass: [`scores_group_impl`].
+        pub(crate) fn $scores(_t: Avx2, qs: &[f32], keys: &[$t], scale: f32, out: &mut [f32], n: usize, ahead: &[$t]) {
+            // SAFETY: the token proves AVX2 and F16C; the sizes are checked inside and every
+            // load is inside a key row or a query.
+            unsafe {
+                match if n == 0 { 0 } else { out.len() / n } {
+                    2 => scores_group_impl::<$t, 2>(qs, keys, scale, out, n, ahead),
+                    4 => scores_group_impl::<$t, 4>(qs, keys, scale, out, n, ahead),
+                    _ => super::attention_scores_group_portable(qs, keys, scale, out, n),
+                }
+            }
+        }
+        /// The weighted sums of a group of query heads over one KV head's values, one pass:
+        /// [`axpy_group_impl`].
+        pub(crate) fn $axpy(_t: Avx2, ws: &[f32], n: usize, values: &[$t], os: &mut [f32], hd: usize, ahead: &[$t]) {
+            // SAFETY: as for the scores; `values` holds `n` rows of `hd`.
+            unsafe {
+                match os.len() / hd.max(1) {
+                    2 => axpy_group_impl::<$t, 2>(ws, n, values, os, hd, ahead),
+                    4 => axpy_group_impl::<$t, 4>(ws, n, values, os, hd, ahead),
+                    _ => super::attention_weighted_sum_group_portable(ws, n, values, os, hd),
+                }
+            }
+        }
+    )*};
+}
+
+attention_group_avx2_entry! {
+    attention_scores_group_f32, attention_axpy_group_f32: f32;
+    attention_scores_group_f16, attention_axpy_group_f16: half::f16;
+}
+
+/// [`scores_impl`] for G query heads (`qs`: G rows of hd) over the same keys: each key chunk is
+/// loaded (and converted from f16) once for all G, and each head's lanes are the same products
+/// added in the same order as [`scores_impl`]'s, so `out[g·n + p]` is bit-identical to head g
+/// alone. Grouped-query attention reads a KV head once per step instead of once per query head.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
+    qs: &[f32],
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+    ahead: &[K],
+) {
+    let hd = qs.len() / G;
+    assert!(qs.len() == G * hd && out.len() == G * n && keys.len() >= n * hd, "attention group: sizes");
+    if !hd.is_multiple_of(16) {
+        return super::attention_scores_group_portable(qs, keys, scale, out, n);
+    }
+    let shares = PrefetchShares::new(ahead, n);
+    let q = qs.as_ptr();
+    for p in 0..n {
+        shares.issue(p);
+        let k = keys.as_ptr().add(p * hd);
+        let mut a = [_mm256_setzero_ps(); G];
+        let mut b = [_mm256_setzero_ps(); G];
+        for i in (0..hd).step_by(16) {
+            let (k0, k1) = (K::load8(k.add(i)), K::load8(k.add(i + 8)));
+            for g in 0..G {
+                a[g] = _mm256_add_ps(a[g], _mm256_mul_ps(_mm256_loadu_ps(q.add(g * hd + i)), k0));
+                b[g] = _mm256_add_ps(b[g], _mm256_mul_ps(_mm256_loadu_ps(q.add(g * hd + i + 8)), k1));
+            }
+        }
+        for g in 0..G {
+            out[g * n + p] = reduce16(a[g], b[g]) * scale;
+        }
+    }
+}
+
+/// Positions per pass of [`axpy_group_impl`]: its values (64 KiB of f16 rows at hd 128) stay
+/// in L2 while the passes over output columns re-read them.
+const AXPY_GROUP_POSITIONS: usize = 256;
+
+/// [`axpy_impl`] for G heads' weights (`ws`: G rows of n) over the same values (`os`: G rows of
+/// hd): each value chunk is loaded once for all G heads, and every output element still gets
+/// `+= w[p] × v_p[d]` (multiply, then add) for p in order, so each head's output is
+/// bit-identical to [`axpy_impl`]'s. Sixteen outputs (two chunks) of each of up to four heads
+/// are held in registers; positions go in blocks of [`AXPY_GROUP_POSITIONS`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
+    ws: &[f32],
+    n: usize,
+    values: &[K],
+    os: &mut [f32],
+    hd: usize,
+    ahead: &[K],
+) {
+    assert!(ws.len() == G * n && os.len() == G * hd && values.len() >= n * hd, "attention group: sizes");
+    if !hd.is_multiple_of(16) {
+        return super::attention_weighted_sum_group_portable(ws, n, values, os, hd);
+    }
+    let shares = PrefetchShares::new(ahead, n);
+    let (w, o) = (ws.as_ptr(), os.as_mut_ptr());
+    let mut p0 = 0;
+    while p0 < n {
+        let p1 = n.min(p0 + AXPY_GROUP_POSITIONS);
+        for d0 in (0..hd).step_by(16) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+            for g in 0..G {
+                acc[g][0] = _mm256_loadu_ps(o.add(g * hd + d0));
+                acc[g][1] = _mm256_loadu_ps(o.add(g * hd + d0 + 8));
+            }
+            for p in p0..p1 {
+                if d0 == 0 {
+                    shares.issue(p);
+                }
+                let v = values.as_ptr().add(p * hd + d0);
+                let (v0, v1) = (K::load8(v), K::load8(v.add(8)));
+                for g in 0..G {
+                    let wv = _mm256_set1_ps(*w.add(g * n + p));
+                    acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(wv, v0));
+                    acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(wv, v1));
+                }
+            }
+            for g in 0..G {
+                _mm256_storeu_ps(o.add(g * hd + d0), acc[g][0]);
+                _mm256_storeu_ps(o.add(g * hd + d0 + 8), acc[g][1]);
+            }
+        }
+        p0 = p1;
+    }
+}
+
 // The portable helpers at 8 lanes for CPUs without AVX-512 (see `widest_compiled!`).
 compiled_for! {
     Avx2, "avx2,fma,f16c";

@@ -8,9 +8,9 @@ use crate::error::{Error, Result};
 use crate::formats::{PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
-    attention_scores, attention_scores_encoded, attention_weighted_sum, attention_weighted_sum_encoded, decode_kv_rows,
-    head_matmul, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
-    KernelScratch, ENCODED_CHUNK_VALUES,
+    attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
+    attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, rms_norm_in_place,
+    rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
@@ -197,7 +197,7 @@ impl State {
             workers: (0..opts.threads)
                 .map(|i| Worker {
                     kernel: KernelScratch::for_shape(padded, rows),
-                    scores: vec![0.0; opts.context],
+                    scores: vec![0.0; opts.context * GROUP_HEADS_MAX],
                     decoded: vec![0.0; ENCODED_CHUNK_VALUES],
                     prompt_keys: vec![0.0; if encoded_kv { opts.context * hd } else { 0 }],
                     prompt_values: vec![0.0; if encoded_kv { opts.context * hd } else { 0 }],
@@ -836,6 +836,24 @@ fn phase_of(seqs: &[usize], positions: &[usize]) -> Phase {
 /// faster (the rows are read, not decoded), so they keep the row-major order.
 const HEAD_MAJOR_ROWS: usize = 4;
 
+/// Most query heads one attention work item reads its KV head's rows for ([`heads_per_item`]).
+const GROUP_HEADS_MAX: usize = 4;
+
+/// Query heads per attention item of an f32/f16 cache: the largest of 4, 2 that divides the
+/// group and still leaves the `kv_items` × (group / that) items evenly or finely split over the
+/// threads (2B4T, one token, 2 threads: 5 KV heads → 10 items of 2 heads), else 1. An item
+/// reads its KV head's keys and values once for all its heads (each head's floats unchanged),
+/// where one item per head had read them once per head.
+fn heads_per_item(kv_items: usize, group: usize, threads: usize) -> usize {
+    for sg in [4, 2] {
+        let items = kv_items * (group / sg);
+        if group.is_multiple_of(sg) && (items.is_multiple_of(threads) || items >= 8 * threads) {
+            return sg;
+        }
+    }
+    1
+}
+
 /// Causal grouped-query attention of every (row, head), split across threads by (row, head):
 /// row-major, or head-major (see [`HEAD_MAJOR_ROWS`]) into `scratch` and then copied into `out`
 /// (`[rows, heads × hd]`). Each (row, head) is the same floats either way.
@@ -859,27 +877,28 @@ fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let precision = kv.precision();
     let head_major = precision.is_encoded() && rows >= HEAD_MAJOR_ROWS;
-    // Item i's (row, head).
-    let at = |i: usize| if head_major { (i % rows, i / rows) } else { (i / heads, i % heads) };
+    // Query heads per work item: 1, or a share of a KV head's group read in one pass.
+    let sg = if precision.is_encoded() { 1 } else { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) };
+    let items_per_row = heads / sg;
+    // Item i's (row, first head).
+    let at = |i: usize| if head_major { (i % rows, i / rows) } else { (i / items_per_row, i % items_per_row * sg) };
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let vec_bytes = precision.bytes_per_vector(hd) as u64;
     let dst = if head_major { &mut scratch[..out.len()] } else { &mut *out };
-    pool.split_blocks(dst, hd, 1, workers, |blocks, s| {
+    pool.split_blocks(dst, sg * hd, 1, workers, |blocks, s| {
         let mut started = false;
         // With an encoded cache and head-major items: the (sequence, KV head) whose first
         // `prompt_rows` keys and values are decoded in `s.prompt_keys` / `s.prompt_values`.
         let mut prompt_of = None;
         let mut prompt_rows = 0;
         while let Some((first, chunk)) = blocks.next_block() {
-            let items = chunk.len() / hd;
-            for (j, o) in chunk.chunks_exact_mut(hd).enumerate() {
+            let items = chunk.len() / (sg * hd);
+            for (j, o) in chunk.chunks_exact_mut(sg * hd).enumerate() {
                 let item = first + j;
                 let (row, head) = at(item);
                 let (seq, pos, kh) = (seqs[row], positions[row], head / group);
-                let qh = &q[row * heads * hd + head * hd..][..hd];
-                let scores = &mut s.scores[..=pos];
                 let t0 = s.rec.start();
                 if j == 0 {
                     if !started {
@@ -890,6 +909,40 @@ fn attention(
                 }
                 let (mut keys, mut values) =
                     (kv.key_rows(layer, seq, kh, pos + 1), kv.value_rows(layer, seq, kh, pos + 1));
+                let next_keys = (j + 1 < items).then(|| {
+                    let (row, head) = at(item + 1);
+                    kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
+                });
+                let kv_bytes = vec_bytes * (pos + 1) as u64;
+                if sg > 1 {
+                    // The sg query heads over their KV head's rows, each read once: every head's
+                    // scores, softmax and sum are the floats of the one-head path below.
+                    let qs = &q[row * heads * hd + head * hd..][..sg * hd];
+                    let n = pos + 1;
+                    let scores = &mut s.scores[..sg * n];
+                    match (&keys, &values) {
+                        (KvRows::F32(k), KvRows::F32(v)) => attention_scores_group(qs, sg, k, scale, scores, v),
+                        (KvRows::F16(k), KvRows::F16(v)) => attention_scores_group(qs, sg, k, scale, scores, v),
+                        _ => unreachable!("grouped items are made for f32 and f16 caches only"),
+                    }
+                    let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
+                    for w in scores.chunks_exact_mut(n) {
+                        softmax_in_place(w);
+                    }
+                    let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
+                    o.fill(0.0);
+                    match (&values, &next_keys) {
+                        (KvRows::F32(v), Some(KvRows::F32(nk))) => attention_weighted_sum_group(scores, sg, v, o, nk),
+                        (KvRows::F32(v), _) => attention_weighted_sum_group(scores, sg, v, o, &[]),
+                        (KvRows::F16(v), Some(KvRows::F16(nk))) => attention_weighted_sum_group(scores, sg, v, o, nk),
+                        (KvRows::F16(v), _) => attention_weighted_sum_group(scores, sg, v, o, &[]),
+                        _ => unreachable!("grouped items are made for f32 and f16 caches only"),
+                    }
+                    s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
+                    continue;
+                }
+                let qh = &q[row * heads * hd + head * hd..][..hd];
+                let scores = &mut s.scores[..=pos];
                 if let (KvRows::Encoded(k), KvRows::Encoded(v), true) = (&keys, &values, head_major) {
                     // Decode only the rows this item needs beyond those already decoded, then
                     // attend over the f32 rows as over an f32 cache.
@@ -917,15 +970,10 @@ fn attention(
                     }
                     _ => unreachable!("keys and values of one cache share a store type"),
                 }
-                let kv_bytes = vec_bytes * (pos + 1) as u64;
                 let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
                 // Attention weights, in place.
                 softmax_in_place(scores);
                 let t2 = s.rec.end(ctx, Stage::Softmax, t1, 0);
-                let next_keys = (j + 1 < items).then(|| {
-                    let (row, head) = at(item + 1);
-                    kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
-                });
                 o.fill(0.0);
                 match (&values, &next_keys) {
                     (KvRows::F32(v), Some(KvRows::F32(n))) => attention_weighted_sum(scores, v, o, n),
