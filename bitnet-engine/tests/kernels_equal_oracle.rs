@@ -233,6 +233,18 @@ fn q6k_rows_equal_plain_loops() {
             }
         }
     }
+    // Shapes that do not fit are errors that say what was expected, at every level.
+    let m = Q6kRows::random(8, 512, 0.05, 1).unwrap();
+    let x = activations(2, 512, 3);
+    let wrong_k = activations(2, 256, 3);
+    for isa in IsaLevel::ALL {
+        let e = q6k_rows_matmul(isa, &m, &wrong_k, 0..8, &mut [0.0; 16]).unwrap_err().to_string();
+        assert!(e.contains("K = 512") && e.contains("K = 256"), "{e}");
+        let e = q6k_rows_matmul(isa, &m, &x, 4..9, &mut [0.0; 10]).unwrap_err().to_string();
+        assert!(e.contains("4..9 of 8"), "{e}");
+        let e = q6k_rows_matmul(isa, &m, &x, 0..8, &mut [0.0; 15]).unwrap_err().to_string();
+        assert!(e.contains("need 16 outputs, got 15"), "{e}");
+    }
 }
 
 #[test]

@@ -600,6 +600,29 @@ impl TileScales<'_> {
     }
 }
 
+/// The shape checks of the LM-head matmuls: K matches the activations, `rows` lies inside the
+/// matrix, and `out` has one value per row and token.
+fn check_head_shape(
+    what: &str,
+    m_rows: usize,
+    m_cols: usize,
+    x: &ActivationBatch,
+    rows: &Range<usize>,
+    out_len: usize,
+) -> Result<()> {
+    if x.cols() != m_cols {
+        return Err(Error::Shape(format!("{what} have K = {m_cols} but activations have K = {}", x.cols())));
+    }
+    if rows.end > m_rows || out_len != rows.len() * x.batch() {
+        return Err(Error::Shape(format!(
+            "{what}: rows {rows:?} of {m_rows} with {} tokens need {} outputs, got {out_len}",
+            x.batch(),
+            rows.len() * x.batch(),
+        )));
+    }
+    Ok(())
+}
+
 /// `out[(r − rows.start) × B + b] = Σ_k E[r][k] × x_b[k]` for int8 rows `E` (the LM head), scaled
 /// by the row's and the token's scales: `isum as f32 * row_scale * x_scale`. Uses the best ISA
 /// level at or below `isa` that this CPU has; every level gives identical results.
@@ -610,18 +633,7 @@ pub fn int8_rows_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<()> {
-    if x.cols() != m.cols() {
-        return Err(Error::Shape(format!("int8 rows have K = {} but activations have K = {}", m.cols(), x.cols())));
-    }
-    if rows.end > m.rows() || out.len() != rows.len() * x.batch() {
-        return Err(Error::Shape(format!(
-            "int8 rows: rows {rows:?} of {} with {} tokens need {} outputs, got {}",
-            m.rows(),
-            x.batch(),
-            rows.len() * x.batch(),
-            out.len()
-        )));
-    }
+    check_head_shape("int8 rows", m.rows(), m.cols(), x, &rows, out.len())?;
     #[cfg(target_arch = "x86_64")]
     if isa >= IsaLevel::Avx512 {
         if let Some(t) = x86_avx512::Avx512::new() {
@@ -676,16 +688,12 @@ pub fn q6k_rows_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<()> {
-    if x.cols() != m.cols() || x.padded_cols() != m.cols() {
-        return Err(Error::Shape(format!("Q6_K rows have K = {} but activations have K = {}", m.cols(), x.cols())));
-    }
-    if rows.end > m.rows() || out.len() != rows.len() * x.batch() {
+    check_head_shape("Q6_K rows", m.rows(), m.cols(), x, &rows, out.len())?;
+    if x.padded_cols() != m.cols() {
         return Err(Error::Shape(format!(
-            "Q6_K rows: rows {rows:?} of {} with {} tokens need {} outputs, got {}",
-            m.rows(),
-            x.batch(),
-            rows.len() * x.batch(),
-            out.len()
+            "Q6_K rows need unpadded activations ({} columns padded to {})",
+            x.cols(),
+            x.padded_cols()
         )));
     }
     #[cfg(target_arch = "x86_64")]
