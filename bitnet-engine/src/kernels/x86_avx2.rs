@@ -1687,6 +1687,9 @@ unsafe fn q6k_tile<const G: usize>(
     let sums: [*const i16; G] = std::array::from_fn(|g| x.sub_sums(b0 + g).as_ptr());
     let (low4, high2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let mut acc = [0f64; G];
+    // Four tokens: their block sums reduced together and scaled in one f64 vector, lane g
+    // doing token g's `acc += d × isum` (a multiply, then an add, as the scalar line below).
+    let mut acc4 = _mm256_setzero_pd();
     for blk in 0..m.blocks_per_row() {
         let off = blk * Q6K_BLOCK_BYTES;
         if b0 == 0 {
@@ -1726,8 +1729,21 @@ unsafe fn q6k_tile<const G: usize>(
         let d = f16_to_f64(half::f16::from_bits((p.add(208) as *const u16).read_unaligned()));
         for g in 0..G {
             let offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256(sums[g].add(16 * blk) as *const __m256i));
-            acc[g] += d * hsum_i32(_mm256_sub_epi32(isum[g], _mm256_slli_epi32::<5>(offset))) as f64;
+            isum[g] = _mm256_sub_epi32(isum[g], _mm256_slli_epi32::<5>(offset));
         }
+        if G == 4 {
+            let s4 = hsum4_i32([isum[0], isum[1], isum[2], isum[3]]);
+            acc4 = _mm256_add_pd(acc4, _mm256_mul_pd(_mm256_set1_pd(d), _mm256_cvtepi32_pd(s4)));
+        } else {
+            for g in 0..G {
+                acc[g] += d * hsum_i32(isum[g]) as f64;
+            }
+        }
+    }
+    if G == 4 {
+        let mut lanes = [0f64; 4];
+        _mm256_storeu_pd(lanes.as_mut_ptr(), acc4);
+        acc.copy_from_slice(&lanes[..G]);
     }
     for g in 0..G {
         out[b0 + g] = finish_blocks(acc[g], x.scale(b0 + g));
