@@ -40,7 +40,7 @@ impl EmbeddingRows {
     pub fn row_bytes(&self) -> usize {
         match self {
             EmbeddingRows::Int8(m) => m.cols() + 4,
-            EmbeddingRows::Q6K(m) => m.row_bytes(0).len(),
+            EmbeddingRows::Q6K(m) => m.blocks_per_row() * super::Q6K_BLOCK_BYTES,
         }
     }
 

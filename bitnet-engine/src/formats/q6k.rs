@@ -67,7 +67,7 @@ impl Q6kRows {
 
     /// Row `r`'s blocks, `blocks_per_row × 210` bytes.
     #[inline]
-    pub fn row_bytes(&self, r: usize) -> &[u8] {
+    pub fn row(&self, r: usize) -> &[u8] {
         let n = self.blocks_per_row() * Q6K_BLOCK_BYTES;
         &self.data.as_slice()[r * n..(r + 1) * n]
     }
@@ -79,7 +79,7 @@ impl Q6kRows {
 
     /// Weight `(r, c)`'s 6-bit code q (the weight is `d × scale × (q − 32)`).
     pub fn code(&self, r: usize, c: usize) -> u8 {
-        let b = &self.row_bytes(r)[c / QK_K * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES];
+        let b = &self.row(r)[c / QK_K * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES];
         let (h, n, l) = ((c % QK_K) / 128, (c % 128) / 32, c % 32);
         let low = b[64 * h + 32 * (n & 1) + l] >> (4 * (n / 2)) & 0xF;
         let high = b[128 + 32 * h + l] >> (2 * n) & 3;
@@ -88,18 +88,18 @@ impl Q6kRows {
 
     /// The i8 scale of the 16 weights around column `c` of row `r`.
     pub fn sub_scale(&self, r: usize, c: usize) -> i8 {
-        self.row_bytes(r)[c / QK_K * Q6K_BLOCK_BYTES + 192 + (c % QK_K) / 16] as i8
+        self.row(r)[c / QK_K * Q6K_BLOCK_BYTES + 192 + (c % QK_K) / 16] as i8
     }
 
     /// The f16 scale `d` of block `blk` of row `r`.
     pub fn block_scale(&self, r: usize, blk: usize) -> f16 {
-        block_d(&self.row_bytes(r)[blk * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES])
+        block_d(&self.row(r)[blk * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES])
     }
 
     /// Row `r` as f32 (`cols` values): the embedding lookup. Each value is
     /// `d × scale × (q − 32)` in f32, as ggml and the `gguf` package dequantize.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        for (b, o) in self.row_bytes(r).chunks_exact(Q6K_BLOCK_BYTES).zip(out.chunks_mut(QK_K)) {
+        for (b, o) in self.row(r).chunks_exact(Q6K_BLOCK_BYTES).zip(out.chunks_mut(QK_K)) {
             crate::gguf::types::decode_q6k_block(b, o);
         }
     }

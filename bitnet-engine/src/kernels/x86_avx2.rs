@@ -1682,7 +1682,7 @@ unsafe fn q6k_tile<const G: usize>(
     out: &mut [f32],
 ) {
     use crate::formats::Q6K_BLOCK_BYTES;
-    let row = m.row_bytes(r).as_ptr();
+    let row = m.row(r).as_ptr();
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let sums: [*const i16; G] = std::array::from_fn(|g| x.sub_sums(b0 + g).as_ptr());
     let (low4, high2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
