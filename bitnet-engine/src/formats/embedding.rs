@@ -39,7 +39,7 @@ impl EmbeddingRows {
     /// Bytes of one row as stored (what one embedding lookup reads).
     pub fn row_bytes(&self) -> usize {
         match self {
-            EmbeddingRows::Int8(m) => m.cols() + 4,
+            EmbeddingRows::Int8(m) => m.stride() + 4,
             EmbeddingRows::Q6K(m) => m.blocks_per_row() * super::Q6K_BLOCK_BYTES,
         }
     }
