@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use bitnet_engine::formats::{BlockTq1_0, BlockTq2_0, Tq1Matrix, Tq2Matrix, QK_K};
+use bitnet_engine::kernels::LUT_MAX_BATCH;
 use bitnet_engine::rng::SplitMix64;
 use bitnet_engine::{
     ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelForm, KernelScratch, PackedWeights, TernaryMatrix,
@@ -478,6 +479,16 @@ fn mismatched_arguments_are_clear_errors() {
     let tq1 = WeightFormat::Tq1_0.pack(&m).unwrap();
     let err = lut.matmul(&tq1, &no_planes, 0..4, &mut [0.0; 8], &mut s).unwrap_err().to_string();
     assert!(err.contains("build_lut"), "{err}");
+    // Above LUT_MAX_BATCH tokens the lut form reads no tables (it runs the fused form).
+    let big = LUT_MAX_BATCH + 1;
+    let mut no_tables = ActivationBatch::new(big, 256).unwrap();
+    no_tables.quantize(&vec![0.5; big * 256]).unwrap();
+    let mut out = vec![0.0; 4 * big];
+    lut.matmul(&tq1, &no_tables, 0..4, &mut out, &mut s).unwrap();
+    assert_eq!(out, oracle(&tq1, &no_tables, 0..4));
+    assert_eq!(lut.for_batch(LUT_MAX_BATCH), lut);
+    assert_eq!(lut.for_batch(big).form(), KernelForm::Fused);
+    assert_eq!(k.for_batch(big), k);
     assert!(Kernel::new(KernelFamily::Scalar, IsaLevel::Avx2, KernelForm::Fused).is_err());
     assert!(Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Split).is_err());
 }

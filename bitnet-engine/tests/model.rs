@@ -1,6 +1,7 @@
 //! The model on the `tiny` preset: the fast forward against the plain reference, threads and
 //! kernels giving identical logits, batching, KV precisions, and a golden greedy sequence.
 
+use bitnet_engine::kernels::LUT_MAX_BATCH;
 use bitnet_engine::model::reference::reference_logits;
 use bitnet_engine::model::{greedy, greedy_batch, kv_quality, prefill, Generation};
 use bitnet_engine::{
@@ -102,18 +103,25 @@ fn tq1_forms_give_identical_logits_and_match_the_reference() {
     // The table-lookup form reads a repack of the same weights: prefill (a 6-row prompt) and
     // decode must give exactly the digit kernels' logits, on 1 and 2 threads.
     let tq1 = tiny(WeightFormat::Tq1_0);
-    let with = |form: KernelForm, threads: usize| {
+    let with = |form: KernelForm, threads: usize, prompt: &[u32]| {
         let mut o = StateOptions::new(1, tq1.config.max_context, KvPrecision::F16, threads);
         o.max_rows = 16;
         o.kernel = Some(Kernel::new(KernelFamily::Tq1, IsaLevel::best(), form).unwrap());
-        greedy(&tq1, &mut State::new(&tq1, &o).unwrap(), &PROMPT, 32, true).unwrap()
+        greedy(&tq1, &mut State::new(&tq1, &o).unwrap(), prompt, 32, true).unwrap()
     };
-    let fused = with(KernelForm::Fused, 2);
+    let fused = with(KernelForm::Fused, 2, &PROMPT);
     assert_matches_reference(&tq1, &PROMPT, &fused);
     for threads in [1, 2] {
-        assert_eq!(with(KernelForm::Lut, threads), fused, "lut on {threads} threads");
+        assert_eq!(with(KernelForm::Lut, threads, &PROMPT), fused, "lut on {threads} threads");
     }
-    assert_eq!(with(KernelForm::Split, 1), fused);
+    assert_eq!(with(KernelForm::Split, 1, &PROMPT), fused);
+    // A prompt of more than LUT_MAX_BATCH tokens: the lut form's prefill runs the digit kernel
+    // (no tables are built for it), its decode the tables again.
+    let long: Vec<u32> = PROMPT.iter().chain(PROMPT.iter()).copied().collect();
+    assert!(long.len() > LUT_MAX_BATCH);
+    let fused_long = with(KernelForm::Fused, 2, &long);
+    assert_matches_reference(&tq1, &long, &fused_long);
+    assert_eq!(with(KernelForm::Lut, 2, &long), fused_long);
 }
 
 #[test]

@@ -307,8 +307,12 @@ pub(crate) struct PrefetchShares {
 
 impl PrefetchShares {
     pub(crate) fn new<T>(ahead: &[T], steps: usize) -> Self {
-        let bytes = std::mem::size_of_val(ahead);
-        let at = ahead.as_ptr() as usize;
+        Self::of_bytes(ahead.as_ptr() as *const u8, std::mem::size_of_val(ahead), steps)
+    }
+
+    /// [`PrefetchShares::new`] for `bytes` bytes from `p` (nothing when `bytes` is 0).
+    pub(crate) fn of_bytes(p: *const u8, bytes: usize, steps: usize) -> Self {
+        let at = p as usize;
         let start = at & !63;
         let lines = if bytes == 0 { 0 } else { (at + bytes - start).div_ceil(64) };
         let per_step = ((lines as u64) << 32).div_ceil(steps.max(1) as u64);
@@ -592,7 +596,13 @@ unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
             }
         }
     }
-    // Four sums per reduction: a row's four tokens, or (one token) four rows.
+    reduce_tile(acc)
+}
+
+/// Lane sums of a tile's i32 accumulators, `[i][g]` for row i and token g: four per reduction
+/// where there are four (a row's four tokens, or one token's four rows).
+#[inline(always)]
+unsafe fn reduce_tile<const R: usize, const G: usize>(acc: [[__m256i; G]; R]) -> [[i32; G]; R] {
     let mut sums = [[0i32; G]; R];
     let mut quad = [0i32; 4];
     if G == 1 && R == 4 {
@@ -626,6 +636,146 @@ unsafe fn hsum4_i32(v: [__m256i; 4]) -> __m128i {
     let cd = _mm256_hadd_epi32(v[2], v[3]);
     let abcd = _mm256_hadd_epi32(ab, cd);
     _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256::<1>(abcd))
+}
+
+/// Batches of more than this many tokens take the unpacked TQ1 kernel ([`unpacked_rows`]):
+/// from two token groups on, decoding a row's digits once costs less than decoding them again
+/// for every group.
+pub(crate) const UNPACK_MIN_BATCH: usize = GROUP + 1;
+
+/// Unpacked codes per row block of [`unpacked_rows`] (one byte per weight): a quarter of Zen 3's
+/// 512 KiB L2, which also holds the packed rows streaming in for the next block.
+pub(crate) const UNPACKED_BLOCK_BYTES: usize = 128 * 1024;
+
+/// Most rows of an [`unpacked_rows`] block (its partial sums live on the stack).
+const UNPACKED_BLOCK_ROWS: usize = 256;
+
+/// Activation bytes of one token group's column chunk in [`unpacked_rows`]: half of a 32 KiB
+/// L1d, so the group's activations stay in L1 across a block's rows beside the codes streaming
+/// from L2. Whole rows of a 6912-wide down projection (27 KiB for four tokens) did not: Zen 3,
+/// `bitnet-bench kernels --batch 8`, TQ1 down 2560x6912, 7.6 Mrow·tok/s against 29.8 for the
+/// 2560-wide rows.
+const UNPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
+
+/// Rows `rows` × every token of a batch, for weights whose rows unpack to one code per byte
+/// (weight + 1, so 0, 1 or 2) in column order. A block of rows is unpacked into `codes`
+/// (`unpack(r, dst)` writes row r's `cols` codes); then each group of [`GROUP`] tokens runs over
+/// the block a column chunk at a time ([`unpacked_tile`]), and `finish(r, b, Σ code·x)` gives
+/// the output of row r and token b (`out[(r − rows.start) × batch + b]`).
+///
+/// Why: TQ1_0's base-3 digits cost about ten vector ops per 32 weights to decode; the
+/// in-register kernel (`tq1_digit_tile`) pays that again for every group of four tokens, this
+/// one once per row. Against the in-register kernel on Zen 3 (`bitnet-bench kernels`, TQ1,
+/// Mrow·tok/s on 2560-wide rows): B=8 25 → 30, B=128 23 → 43. For TQ2_0 and I2_S, whose codes
+/// take two ops per 32 weights to split, the split in registers (`code_tile`, 45) stays ahead:
+/// unpacking stores four times the bytes it reads, and the tile then loads the codes back.
+///
+/// While a block computes, the next block's packed rows (`packed(range)`: their first byte and
+/// length) are asked for in L2 a share per tile, so the unpack pass finds them in cache.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn unpacked_rows(
+    rows: Range<usize>,
+    cols: usize,
+    x: &ActivationBatch,
+    out: &mut [f32],
+    codes: &mut AlignedBytes,
+    packed: impl Fn(Range<usize>) -> (*const u8, usize),
+    mut unpack: impl FnMut(usize, &mut [u8]),
+    mut finish: impl FnMut(usize, usize, i32) -> f32,
+) {
+    debug_assert!(cols > 0 && cols.is_multiple_of(QK_K));
+    let batch = x.batch();
+    if codes.len() < cols.max(UNPACKED_BLOCK_BYTES) {
+        *codes = AlignedBytes::zeroed(cols.max(UNPACKED_BLOCK_BYTES));
+    }
+    let block_rows = (codes.len() / cols).min(UNPACKED_BLOCK_ROWS);
+    // Column chunks of whole blocks, as even as they come, each within UNPACKED_CHUNK_X_BYTES.
+    let blocks = cols / QK_K;
+    let max_chunk = (UNPACKED_CHUNK_X_BYTES / (GROUP * QK_K)).max(1);
+    let chunk_blocks = blocks.div_ceil(blocks.div_ceil(max_chunk));
+    let chunks = blocks.div_ceil(chunk_blocks);
+    let mut sums = [[0i32; GROUP]; UNPACKED_BLOCK_ROWS];
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = rows.end.min(start + block_rows);
+        for r in start..end {
+            unpack(r, &mut codes.as_mut_slice()[(r - start) * cols..][..cols]);
+        }
+        let next = end..rows.end.min(end + block_rows);
+        let (ahead, ahead_len) = if next.is_empty() { (std::ptr::null(), 0) } else { packed(next) };
+        let shares = PrefetchShares::of_bytes(ahead, ahead_len, batch.div_ceil(GROUP) * chunks * (end - start));
+        let c = codes.as_slice().as_ptr();
+        let mut step = 0;
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = GROUP.min(batch - b0);
+            for k in 0..chunks {
+                let (first, n) = (k * chunk_blocks, chunk_blocks.min(blocks - k * chunk_blocks));
+                for r in start..end {
+                    shares.issue(step);
+                    step += 1;
+                    let row = |_: usize| c.add((r - start) * cols + first * QK_K);
+                    let s = &mut sums[r - start];
+                    macro_rules! tile {
+                        ($g:literal) => {{
+                            let (src, xs) = tile_pointers::<1, $g>(row, 0, x, b0);
+                            let xs = xs.map(|p| p.add(first * QK_K));
+                            let t = unpacked_tile::<$g>(src[0], n * QK_K / 32, xs);
+                            for j in 0..$g {
+                                s[j] = if k == 0 { t[j] } else { s[j] + t[j] };
+                            }
+                        }};
+                    }
+                    match g {
+                        1 => tile!(1),
+                        2 => tile!(2),
+                        3 => tile!(3),
+                        _ => tile!(4),
+                    }
+                }
+            }
+            for r in start..end {
+                for j in 0..g {
+                    out[(r - rows.start) * batch + b0 + j] = finish(r, b0 + j, sums[r - start][j]);
+                }
+            }
+            b0 += g;
+        }
+        start = end;
+    }
+}
+
+/// Σ code·x of one row of unpacked codes (`src`, one byte per weight) × G tokens over
+/// `vectors` × 32 columns: per 32 columns, one code load and G activation loads for G
+/// `vpmaddubsw`, summed in i16 for [`I16_BLOCKS`] blocks (codes ≤ 2, as `code_tile`), then
+/// widened. Returns token g's sum at `[g]`. (Two rows × four tokens, eight i16 and eight i32
+/// accumulators, measured slower on 2560-wide rows: 39–41 against 43–45 Mrow·tok/s.)
+#[inline(always)]
+unsafe fn unpacked_tile<const G: usize>(src: *const u8, vectors: usize, xs: [*const u8; G]) -> [i32; G] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); G]; 1];
+    let mut v = 0;
+    while v < vectors {
+        let end = vectors.min(v + 8 * I16_BLOCKS);
+        let mut acc16 = [_mm256_setzero_si256(); G];
+        // Two vectors per pass (`vectors` counts whole blocks, eight each): half the loop's
+        // counter and address arithmetic per multiply.
+        while v < end {
+            for u in 0..2 {
+                let at = 32 * (v + u);
+                let c = load(src.add(at));
+                for g in 0..G {
+                    acc16[g] = _mm256_add_epi16(acc16[g], _mm256_maddubs_epi16(c, load(xs[g].add(at))));
+                }
+            }
+            v += 2;
+        }
+        for g in 0..G {
+            acc[0][g] = _mm256_add_epi32(acc[0][g], _mm256_madd_epi16(acc16[g], ones));
+        }
+    }
+    reduce_tile(acc)[0]
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
@@ -763,6 +913,26 @@ unsafe fn tq1_fused(
     // every token's activations in the same row-stream order as the AVX-512 one-token kernel's,
     // offset to unsigned bytes (see `tq1_half_digits`).
     let batch = x.batch();
+    if batch >= UNPACK_MIN_BATCH && rows.clone().all(|r| w.row_has_uniform_scale(r)) {
+        // Digits decoded once per row, not once per token group: the unpacked kernel, as TQ2.
+        let n = w.blocks_per_row();
+        let (base, rb) = (w.blocks().as_ptr() as *const u8, n * std::mem::size_of::<BlockTq1_0>());
+        unpacked_rows(
+            rows,
+            n * QK_K,
+            x,
+            out,
+            &mut scratch.unpacked,
+            |next| (base.wrapping_add(next.start * rb), next.len() * rb),
+            |r, dst| {
+                for (block, d) in w.row(r).iter().zip(dst.chunks_exact_mut(QK_K)) {
+                    decode_tq1_block(block, d);
+                }
+            },
+            |r, b, sum| finish_blocks(f16_to_f64(w.row(r)[0].d) * (sum - x.sum(b)) as f64, x.scale(b)),
+        );
+        return;
+    }
     let stride = tq1_row_chunks(w.blocks_per_row()) * TQ1_DIGIT_BLOCK;
     if scratch.x_reordered.len() < batch * stride {
         scratch.x_reordered = AlignedBytes::zeroed(batch * stride);

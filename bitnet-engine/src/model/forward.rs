@@ -11,6 +11,7 @@ use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
     attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, rms_norm_in_place,
     rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
+    LUT_MAX_BATCH,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
@@ -528,7 +529,7 @@ fn quantize(extras: ActivationExtras, act: &mut ActivationBatch, x: &[f32]) -> R
     if extras.planes {
         act.build_planes();
     }
-    if extras.lut {
+    if extras.lut && act.batch() <= LUT_MAX_BATCH {
         act.build_lut();
     }
     Ok(())
@@ -551,6 +552,12 @@ fn kernel_for(forced: Option<Kernel>, w: &PackedWeights) -> Kernel {
     Kernel::for_weights(forced, w)
 }
 
+/// The kernel that runs `w` on `rows` tokens ([`Kernel::for_batch`]): what the spans name and
+/// count bytes for.
+fn kernel_for_rows(forced: Option<Kernel>, w: &PackedWeights, rows: usize) -> Kernel {
+    Kernel::for_weights(forced, w).for_batch(rows)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn linear(
     pool: &WorkerPool,
@@ -564,7 +571,7 @@ fn linear(
     ctx: SpanCtx,
 ) -> Result<()> {
     let (n, rows) = (w.rows(), act.batch());
-    let kernel = kernel_for(forced, w);
+    let kernel = kernel_for_rows(forced, w, rows);
     // One token: `[n, 1]` is already `[1, n]`, so the threads write the output in place.
     let direct = rows == 1;
     let dst = if direct { &mut out[..n] } else { &mut mm[..n * rows] };
@@ -614,7 +621,7 @@ fn linear_multi<const P: usize>(
     workers: &mut [Worker],
 ) -> Result<()> {
     let rows = act.batch();
-    let kernels: [Kernel; P] = std::array::from_fn(|i| kernel_for(forced, parts[i].0));
+    let kernels: [Kernel; P] = std::array::from_fn(|i| kernel_for_rows(forced, parts[i].0, rows));
     let ns: [usize; P] = std::array::from_fn(|i| parts[i].0.rows());
     let mut offs = [0usize; P];
     for i in 1..P {
@@ -693,7 +700,7 @@ fn linear_gated(
     if up.0.rows() != n {
         return Err(Error::Shape(format!("gate has {n} rows but up has {}", up.0.rows())));
     }
-    let (kg, ku) = (kernel_for(forced, gate.0), kernel_for(forced, up.0));
+    let (kg, ku) = (kernel_for_rows(forced, gate.0, rows), kernel_for_rows(forced, up.0, rows));
     // One token: the activated gate rows are written in place (see `linear`).
     let direct = rows == 1;
     let (mg, mu) = if direct { (&mut out[..n], &mut mm[..n]) } else { mm[..2 * n * rows].split_at_mut(n * rows) };
