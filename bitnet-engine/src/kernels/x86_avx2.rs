@@ -666,7 +666,7 @@ const UNPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
 /// Why: TQ1_0's base-3 digits cost about ten vector ops per 32 weights to decode; the
 /// in-register kernel (`tq1_digit_tile`) pays that again for every group of four tokens, this
 /// one once per row. Against the in-register kernel on Zen 3 (`bitnet-bench kernels`, TQ1,
-/// Mrow·tok/s on 2560-wide rows): B=8 25 → 30, B=128 23 → 43. For TQ2_0 and I2_S, whose codes
+/// Mrow·tok/s on 2560-wide rows): B=8 25 → 28–30, B=128 23 → 42. For TQ2_0 and I2_S, whose codes
 /// take two ops per 32 weights to split, the split in registers (`code_tile`, 45) stays ahead:
 /// unpacking stores four times the bytes it reads, and the tile then loads the codes back.
 ///
@@ -914,7 +914,7 @@ unsafe fn tq1_fused(
     // offset to unsigned bytes (see `tq1_half_digits`).
     let batch = x.batch();
     if batch >= UNPACK_MIN_BATCH && rows.clone().all(|r| w.row_has_uniform_scale(r)) {
-        // Digits decoded once per row, not once per token group: the unpacked kernel, as TQ2.
+        // Two token groups or more: each row's digits decoded once, not once per group.
         let n = w.blocks_per_row();
         let (base, rb) = (w.blocks().as_ptr() as *const u8, n * std::mem::size_of::<BlockTq1_0>());
         unpacked_rows(
