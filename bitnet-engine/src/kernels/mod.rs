@@ -224,7 +224,7 @@ pub struct KernelScratch {
     /// batch size, so later calls allocate nothing.
     pub(crate) x_reordered: AlignedBytes,
     /// Unpacked codes of a block of rows for the AVX2 batched kernels (one byte per weight,
-    /// `x86_avx2::UNPACKED_BLOCK_BYTES`); grown on first use.
+    /// `x86_avx2::unpacked_scratch_bytes`); grown on first use.
     pub(crate) unpacked: AlignedBytes,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,
@@ -275,7 +275,7 @@ impl KernelScratch {
         // The AVX2 TQ1 kernel's unpacked row blocks, for batches of more than one token group.
         #[cfg(target_arch = "x86_64")]
         if batch >= x86_avx2::UNPACK_MIN_BATCH {
-            s.unpacked = AlignedBytes::zeroed(padded_cols.max(x86_avx2::UNPACKED_BLOCK_BYTES));
+            s.unpacked = AlignedBytes::zeroed(x86_avx2::unpacked_scratch_bytes(padded_cols));
         }
         s
     }
@@ -448,7 +448,7 @@ impl Kernel {
                 out.len()
             )));
         }
-        if self.form == KernelForm::Lut && x.batch() <= LUT_MAX_BATCH && !x.lut_ready() {
+        if self.for_batch(x.batch()).form == KernelForm::Lut && !x.lut_ready() {
             return Err(Error::Shape(
                 "the lut kernels need activation tables: call ActivationBatch::build_lut first".into(),
             ));
@@ -479,12 +479,14 @@ impl Kernel {
             scalar::matmul(w, x, rows, out);
             return Ok(());
         }
+        // The form that runs this batch: the one place the lut form's batch limit applies.
+        let ran = self.for_batch(x.batch());
         match self.isa {
-            IsaLevel::Scalar => portable::matmul(self.form, w, x, rows, out, scratch),
+            IsaLevel::Scalar => portable::matmul(ran.form, w, x, rows, out, scratch),
             #[cfg(target_arch = "x86_64")]
             IsaLevel::Avx2 => x86_avx2::matmul(
                 x86_avx2::Avx2::new().expect("Kernel::new checked AVX2 support"),
-                self.form,
+                ran.form,
                 w,
                 x,
                 rows,
@@ -494,7 +496,7 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             IsaLevel::Avx512 => x86_avx512::matmul(
                 x86_avx512::Avx512::new().expect("Kernel::new checked AVX-512 support"),
-                self.form,
+                ran.form,
                 w,
                 x,
                 rows,

@@ -75,12 +75,11 @@ pub(crate) fn run<I: IsaOps>(
             split_xnor(isa, w, x, rows, out, scratch)
         }
         (KernelForm::Split, _) => split_codes(isa, w, x, rows, out, scratch),
-        // A matrix with mixed block scales in a row has no repack, and a batch of more than
-        // LUT_MAX_BATCH tokens is faster without tables (`Kernel::for_batch`): the digit kernel
-        // reads them.
+        // A matrix with mixed block scales in a row has no repack: the digit kernel reads it.
+        // (Batches above LUT_MAX_BATCH never get here as `lut`: see `Kernel::for_batch`.)
         (KernelForm::Lut, PackedWeights::Tq1(m)) => match m.lut() {
-            Some(l) if x.batch() <= super::LUT_MAX_BATCH => isa.tq1_lut(l, x, rows, out),
-            _ => isa.tq1_fused(m, x, rows, out, scratch),
+            Some(l) => isa.tq1_lut(l, x, rows, out),
+            None => isa.tq1_fused(m, x, rows, out, scratch),
         },
         (KernelForm::Lut, _) => unreachable!("Kernel::new gives the lut form to tq1 only"),
     }

@@ -645,7 +645,13 @@ pub(crate) const UNPACK_MIN_BATCH: usize = GROUP + 1;
 
 /// Unpacked codes per row block of [`unpacked_rows`] (one byte per weight): a quarter of Zen 3's
 /// 512 KiB L2, which also holds the packed rows streaming in for the next block.
-pub(crate) const UNPACKED_BLOCK_BYTES: usize = 128 * 1024;
+const UNPACKED_BLOCK_BYTES: usize = 128 * 1024;
+
+/// Bytes of [`KernelScratch::unpacked`] that [`unpacked_rows`] needs for rows of `cols` weights:
+/// a block, and at least one row.
+pub(crate) fn unpacked_scratch_bytes(cols: usize) -> usize {
+    cols.max(UNPACKED_BLOCK_BYTES)
+}
 
 /// Most rows of an [`unpacked_rows`] block (its partial sums live on the stack).
 const UNPACKED_BLOCK_ROWS: usize = 256;
@@ -686,8 +692,8 @@ unsafe fn unpacked_rows(
 ) {
     debug_assert!(cols > 0 && cols.is_multiple_of(QK_K));
     let batch = x.batch();
-    if codes.len() < cols.max(UNPACKED_BLOCK_BYTES) {
-        *codes = AlignedBytes::zeroed(cols.max(UNPACKED_BLOCK_BYTES));
+    if codes.len() < unpacked_scratch_bytes(cols) {
+        *codes = AlignedBytes::zeroed(unpacked_scratch_bytes(cols));
     }
     let block_rows = (codes.len() / cols).min(UNPACKED_BLOCK_ROWS);
     // Column chunks of whole blocks, as even as they come, each within UNPACKED_CHUNK_X_BYTES.
