@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
 use bitnet_engine::formats::tq1_lut::lut_table_bytes;
 use bitnet_engine::instrument::{Level, Phase};
+use bitnet_engine::kernels::LUT_MAX_BATCH;
 use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 
@@ -552,10 +553,12 @@ impl Runner for EngineRunner {
         let prompt =
             if c.kv.is_encoded() { c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4 } else { 0 };
         // The `lut` form of tq1 keeps a repack of the linear weights beside them, and each
-        // activation buffer one table per group of three columns per row.
+        // activation buffer one table per group of three columns for up to LUT_MAX_BATCH rows
+        // (larger batches run the fused form, without tables).
         let repack = self.model.weights.repack_bytes(Some(c.kernel));
+        let table_rows = rows.min(LUT_MAX_BATCH);
         let tables =
-            if c.kernel.uses_lut() { rows * (lut_table_bytes(cfg.hidden) + lut_table_bytes(cfg.ffn)) } else { 0 };
+            if c.kernel.uses_lut() { table_rows * (lut_table_bytes(cfg.hidden) + lut_table_bytes(cfg.ffn)) } else { 0 };
         (kv + buffers + prompt + repack + tables) as u64
     }
 

@@ -45,7 +45,8 @@ pub struct ActivationBatch {
     plane_counts: Vec<u32>,
     planes_ready: bool,
     /// `[batch, lut_table_bytes(cols)]`: each token's tables for the table-lookup TQ1 kernels
-    /// (see `formats::tq1_lut`); filled by `build_lut`, allocated on its first call.
+    /// (see `formats::tq1_lut`); filled by `build_lut`. Room for as many tokens as
+    /// `reserve_lut` asked for, or as the first `build_lut` call had.
     lut: AlignedBytes,
     lut_ready: bool,
 }
@@ -223,16 +224,25 @@ impl ActivationBatch {
         self.lut_ready = false;
     }
 
+    /// Makes room for the lookup tables of up to `tokens` tokens (at most the capacity), so that
+    /// `build_lut` on batches that size allocates nothing. A state reserves
+    /// [`LUT_MAX_BATCH`](crate::kernels::LUT_MAX_BATCH): larger batches run the fused form and
+    /// build no tables, so room for every row of a prompt buffer would be unused.
+    pub fn reserve_lut(&mut self, tokens: usize) {
+        let bytes = tokens.min(self.capacity) * lut_table_bytes(self.cols);
+        if self.lut.len() < bytes {
+            self.lut = AlignedBytes::zeroed(bytes);
+        }
+    }
+
     /// Builds every token's lookup tables (for the `lut` form of the TQ1 kernels): for each
-    /// group of three columns, the sums of the 14 sign-normalized ternary patterns. The first
-    /// call allocates room for the batch's capacity; later ones allocate nothing. Never
+    /// group of three columns, the sums of the 14 sign-normalized ternary patterns. Grows the
+    /// tables' storage to this batch first if `reserve_lut` did not make room for it. Never
     /// inlined: part of the `quantize` stage.
     #[inline(never)]
     pub fn build_lut(&mut self) {
         let stride = lut_table_bytes(self.cols);
-        if self.lut.len() < self.capacity * stride {
-            self.lut = AlignedBytes::zeroed(self.capacity * stride);
-        }
+        self.reserve_lut(self.batch);
         for b in 0..self.batch {
             let x = &self.values.as_i8()[b * self.padded..b * self.padded + self.cols];
             crate::kernels::build_lut_tables(x, &mut self.lut.as_mut_slice()[b * stride..(b + 1) * stride]);
@@ -365,6 +375,37 @@ mod tests {
         }
         assert_eq!((a.scale(1), a.sum(1)), (0.0, 0));
         assert_eq!(a.token(0).iter().map(|v| v.unsigned_abs()).max(), Some(127));
+    }
+
+    #[test]
+    fn lut_tables_fill_reserved_room_and_grow_only_past_it() {
+        let (cols, stride) = (2560, lut_table_bytes(2560));
+        let mut a = ActivationBatch::new(64, cols).unwrap();
+        a.reserve_lut(8);
+        assert_eq!(a.lut.len(), 8 * stride);
+        let x: Vec<f32> = (0..64 * cols).map(|i| ((i * 29 % 97) as f32 - 48.0) / 5.0).collect();
+        for batch in [1, 8, 3] {
+            a.set_batch(batch).unwrap();
+            a.quantize(&x[..batch * cols]).unwrap();
+            let at = a.lut.as_slice().as_ptr();
+            a.build_lut();
+            assert_eq!((a.lut.len(), a.lut.as_slice().as_ptr()), (8 * stride, at), "B={batch} reallocated");
+            // The tables are those of each token on its own.
+            for b in 0..batch {
+                let mut one = vec![0u8; stride];
+                crate::formats::tq1_lut::build_token_tables_portable(&a.token(b)[..cols], &mut one);
+                assert!(a.lut(b) == one.as_slice(), "B={batch}, token {b}");
+            }
+        }
+        // A larger batch than reserved still gets its tables.
+        a.set_batch(9).unwrap();
+        a.quantize(&x[..9 * cols]).unwrap();
+        a.build_lut();
+        assert_eq!(a.lut.len(), 9 * stride);
+        // Reserving never exceeds the capacity.
+        let mut small = ActivationBatch::new(2, cols).unwrap();
+        small.reserve_lut(8);
+        assert_eq!(small.lut.len(), 2 * stride);
     }
 
     #[test]

@@ -32,6 +32,6 @@ pub use activations::ActivationBatch;
 pub use cpu::IsaLevel;
 pub use error::{Error, Result};
 pub use formats::{PackedWeights, WeightFormat};
-pub use kernels::{Kernel, KernelFamily, KernelForm, KernelScratch};
+pub use kernels::{Kernel, KernelFamily, KernelForm, KernelScratch, ScratchNeeds};
 pub use model::{KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions};
 pub use ternary::TernaryMatrix;

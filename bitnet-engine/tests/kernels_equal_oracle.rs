@@ -10,8 +10,8 @@ use bitnet_engine::formats::{BlockTq1_0, BlockTq2_0, Tq1Matrix, Tq2Matrix, QK_K}
 use bitnet_engine::kernels::LUT_MAX_BATCH;
 use bitnet_engine::rng::SplitMix64;
 use bitnet_engine::{
-    ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelForm, KernelScratch, PackedWeights, TernaryMatrix,
-    WeightFormat,
+    ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelForm, KernelScratch, PackedWeights, ScratchNeeds,
+    TernaryMatrix, WeightFormat,
 };
 use proptest::prelude::*;
 
@@ -577,6 +577,43 @@ fn split_stages_run_alone() {
             assert!(kernel
                 .run_stage_alone(other, &w, &x, 0..n, &mut vec![0f32; n * b], &mut KernelScratch::new())
                 .is_err());
+        }
+    }
+}
+
+#[test]
+fn scratch_made_for_the_kernels_never_grows_and_holds_only_what_they_read() {
+    // A state makes its threads' scratch with `for_kernels` for its widest rows and largest
+    // batch; every call of 1..=batch tokens must then find it big enough (growing would allocate
+    // mid-decode), and kernels that read no reordered activations or decoded rows get none.
+    let batch = 12;
+    for k in [2560usize, 6912] {
+        let m = TernaryMatrix::random(24, k, 0.4, 31);
+        for (kernel, format) in kernels_under_test() {
+            let Some(w) = pack(format, &m) else { continue };
+            let padded = ActivationBatch::new(1, k).unwrap().padded_cols();
+            let mut scratch = KernelScratch::for_kernels(padded, batch, [kernel]);
+            let made = scratch.held();
+            assert_eq!(made, kernel.scratch_needs(padded, batch), "{kernel}");
+            for b in 1..=batch {
+                let x = activations(b, k, 5 + b as u64);
+                let mut out = vec![f32::NAN; w.rows() * b];
+                kernel.matmul(&w, &x, 0..w.rows(), &mut out, &mut scratch).unwrap();
+                assert_eq!(scratch.held(), made, "{kernel} on {format}, K={k}: B={b} grew the scratch");
+            }
+            let none = ScratchNeeds::default();
+            match (kernel.family(), kernel.isa(), kernel.form()) {
+                (KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Fused) => {
+                    assert!(made.reordered > 0 && made.unpacked > 0, "{kernel}: {made:?}")
+                }
+                // Lookups up to LUT_MAX_BATCH, the decoded-rows kernel above: no reordering.
+                (KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut) => {
+                    assert!(made.reordered == 0 && made.unpacked > 0, "{kernel}: {made:?}");
+                    assert_eq!(kernel.scratch_needs(padded, LUT_MAX_BATCH), none, "{kernel}");
+                }
+                (KernelFamily::Tq1 | KernelFamily::Tq2, IsaLevel::Avx512, KernelForm::Fused) => {}
+                _ => assert_eq!(made, none, "{kernel} reads no scratch"),
+            }
         }
     }
 }

@@ -211,6 +211,15 @@ pub const TILE_BYTES: usize = 16 * 1024;
 /// Most tokens a matmul of the `lut` form reads through lookup tables ([`Kernel::for_batch`]).
 pub const LUT_MAX_BATCH: usize = 8;
 
+/// Bytes of [`KernelScratch`]'s grown buffers one kernel reads ([`Kernel::scratch_needs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScratchNeeds {
+    /// Activations rearranged for the kernel (`KernelScratch::x_reordered`).
+    pub reordered: usize,
+    /// Decoded rows of a row block (`KernelScratch::unpacked`).
+    pub unpacked: usize,
+}
+
 /// Per-thread scratch for the split forms. Grows on first use with a larger K; after that a
 /// matmul allocates nothing.
 #[derive(Debug, Clone)]
@@ -260,24 +269,29 @@ impl KernelScratch {
         s
     }
 
-    /// Preallocates everything a kernel would otherwise grow on first use, for up to `batch`
-    /// tokens of up to `padded_cols` columns. A state needs this: with work stealing a thread
-    /// can meet a matrix (say, the FFN down projection's wider rows) for the first time long
-    /// after warm-up, and growing then would allocate mid-decode.
-    pub fn for_shape(padded_cols: usize, batch: usize) -> Self {
+    /// Preallocates everything `kernels` would otherwise grow on first use, for calls of 1 to
+    /// `batch` tokens of up to `padded_cols` columns ([`Kernel::scratch_needs`]). A state needs
+    /// this: with work stealing a thread can meet a matrix (say, the FFN down projection's wider
+    /// rows) for the first time long after warm-up, and growing then would allocate mid-decode.
+    /// Only what these kernels read is made: a TQ2 model on AVX2 had held the TQ1 kernels'
+    /// 128 KiB row block and a reordered-activation buffer of `batch` × 320 bytes per block
+    /// on every thread.
+    pub fn for_kernels(padded_cols: usize, batch: usize, kernels: impl IntoIterator<Item = Kernel>) -> Self {
         let mut s = Self::for_cols(padded_cols);
-        let blocks = padded_cols.div_ceil(crate::formats::QK_K);
-        // The TQ2 one-token lane order (cols bytes) and the TQ1 digit orders (one token: whole
-        // 64-byte chunks of the row's blocks; more: per block).
-        let tq1_one = portable::tq1_row_chunks(blocks) * portable::TQ1_DIGIT_BLOCK;
-        let tq1_batch = batch * blocks * portable::TQ1_DIGIT_BLOCK;
-        s.x_reordered = AlignedBytes::zeroed(padded_cols.max(tq1_one).max(tq1_batch));
-        // The AVX2 TQ1 kernel's unpacked row blocks, for batches of more than one token group.
-        #[cfg(target_arch = "x86_64")]
-        if batch >= x86_avx2::UNPACK_MIN_BATCH {
-            s.unpacked = AlignedBytes::zeroed(x86_avx2::unpacked_scratch_bytes(padded_cols));
+        let (mut reordered, mut unpacked) = (0, 0);
+        for k in kernels {
+            let need = k.scratch_needs(padded_cols, batch);
+            reordered = reordered.max(need.reordered);
+            unpacked = unpacked.max(need.unpacked);
         }
+        s.x_reordered = AlignedBytes::zeroed(reordered);
+        s.unpacked = AlignedBytes::zeroed(unpacked);
         s
+    }
+
+    /// Bytes of the grown buffers this scratch holds now (see [`Kernel::scratch_needs`]).
+    pub fn held(&self) -> ScratchNeeds {
+        ScratchNeeds { reordered: self.x_reordered.len(), unpacked: self.unpacked.len() }
     }
 
     fn ensure(&mut self, padded_cols: usize) {
@@ -368,6 +382,51 @@ impl Kernel {
             Kernel { form: KernelForm::Fused, ..self }
         } else {
             self
+        }
+    }
+
+    /// The scratch this kernel grows on first use ([`KernelScratch`]), over calls of 1 to `batch`
+    /// tokens of up to `padded_cols` columns whose rows have one scale each (every BitNet
+    /// tensor). A matrix whose rows mix block scales runs a slower path that may grow the
+    /// reordered buffer once more.
+    pub fn scratch_needs(self, padded_cols: usize, batch: usize) -> ScratchNeeds {
+        let blocks = padded_cols.div_ceil(crate::formats::QK_K);
+        let row_order = portable::tq1_row_chunks(blocks) * portable::TQ1_DIGIT_BLOCK;
+        let none = ScratchNeeds::default();
+        // The lut form runs lookups (no scratch) up to LUT_MAX_BATCH tokens and the fused form
+        // above: the fused form's needs for LUT_MAX_BATCH + 1 ..= batch tokens.
+        let fused_from = if self.uses_lut() { LUT_MAX_BATCH + 1 } else { 1 };
+        if batch < fused_from || self.form == KernelForm::Split {
+            return none;
+        }
+        match (self.family, self.isa) {
+            #[cfg(target_arch = "x86_64")]
+            (KernelFamily::Tq1, IsaLevel::Avx2) => ScratchNeeds {
+                // Up to one token group: activations in row-stream digit order per token; more:
+                // the decoded row block.
+                reordered: if fused_from < x86_avx2::UNPACK_MIN_BATCH {
+                    batch.min(x86_avx2::UNPACK_MIN_BATCH - 1) * row_order
+                } else {
+                    0
+                },
+                unpacked: if batch >= x86_avx2::UNPACK_MIN_BATCH {
+                    x86_avx2::unpacked_scratch_bytes(padded_cols)
+                } else {
+                    0
+                },
+            },
+            // One token: row-stream digit order; more: per-block digit order for each token.
+            (KernelFamily::Tq1, IsaLevel::Avx512) => ScratchNeeds {
+                reordered: if batch > 1 {
+                    (batch * blocks * portable::TQ1_DIGIT_BLOCK).max(row_order)
+                } else {
+                    row_order
+                },
+                unpacked: 0,
+            },
+            // One token: the activations in the codes' lane order.
+            (KernelFamily::Tq2, IsaLevel::Avx512) => ScratchNeeds { reordered: padded_cols, unpacked: 0 },
+            _ => none,
         }
     }
 

@@ -176,8 +176,13 @@ impl State {
         // The largest kernel output: a projection, or the LM head's [vocab, rows].
         // The widest matmul output: Q, K and V together, gate and up together, or the LM head.
         let max_n = (cfg.q_dim() + 2 * cfg.kv_dim()).max(2 * cfg.ffn).max(cfg.hidden).max(cfg.vocab);
-        let act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
-        let act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
+        let mut act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
+        let mut act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
+        if extras.lut {
+            // Tables are built for batches of up to LUT_MAX_BATCH tokens only (`quantize`).
+            act_hidden.reserve_lut(LUT_MAX_BATCH);
+            act_ffn.reserve_lut(LUT_MAX_BATCH);
+        }
         let padded = act_hidden.padded_cols().max(act_ffn.padded_cols());
         Ok(Self {
             max_rows: rows,
@@ -197,7 +202,7 @@ impl State {
             act_ffn,
             workers: (0..opts.threads)
                 .map(|i| Worker {
-                    kernel: KernelScratch::for_shape(padded, rows),
+                    kernel: KernelScratch::for_kernels(padded, rows, kernels()),
                     scores: vec![0.0; opts.context * GROUP_HEADS_MAX],
                     decoded: vec![0.0; ENCODED_CHUNK_VALUES],
                     prompt_keys: vec![0.0; if encoded_kv { opts.context * hd } else { 0 }],
