@@ -1844,8 +1844,11 @@ unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: 
     }
 }
 
-/// Codes of chunk n (weights 32n..32n + 32) of a Q6_K block half at `p` (its `ql` at
-/// `p + 64h`, its `qh` at `p + 128 + 32h`, h the half): as in [`q6k_tile`], loaded per chunk.
+/// Codes of chunk n (weights 32n..32n + 32) of half h of the Q6_K block at `p`: low bits from
+/// `ql` at `p + 64h` (n even) or `p + 64h + 32` (n odd), the low or high nibble; high bits at
+/// shift 2n of `qh` at `p + 128 + 32h`, moved to bits 4–5. (16-bit shifts carry bits across
+/// bytes only into positions the masks clear.) Loaded per chunk; a tile's chunks of one half
+/// read the same lines from L1.
 #[inline(always)]
 unsafe fn q6k_chunk_codes(p: *const u8, h: usize, n: usize) -> __m256i {
     let (low4, high2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
@@ -1949,7 +1952,6 @@ unsafe fn q6k_tile<const G: usize>(
     let row = m.row(r).as_ptr();
     let xs: [*const u8; G] = std::array::from_fn(|g| x.token(b0 + g).as_ptr() as *const u8);
     let sums: [*const i16; G] = std::array::from_fn(|g| x.sub_sums(b0 + g).as_ptr());
-    let (low4, high2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let mut acc = [0f64; G];
     // Four tokens: their block sums reduced together and scaled in one f64 vector, lane g
     // doing token g's `acc += d × isum` (a multiply, then an add, as the scalar line below).
@@ -1967,20 +1969,8 @@ unsafe fn q6k_tile<const G: usize>(
         let halves = [_mm256_permute4x64_epi64::<0x44>(sc16), _mm256_permute4x64_epi64::<0xEE>(sc16)];
         let mut isum = [_mm256_setzero_si256(); G];
         for h in 0..2 {
-            let (ql0, ql1, qh) = (load(p.add(64 * h)), load(p.add(64 * h + 32)), load(p.add(128 + 32 * h)));
-            // Weights 32n..32n + 32 of this half: low bits from ql0 (n even) or ql1 (n odd), the
-            // low or high nibble; high bits at shift 2n of qh, moved to bits 4–5. (16-bit shifts
-            // carry bits across bytes only into positions the masks clear.)
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), high2)),
-                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), high2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4), _mm256_and_si256(qh, high2)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), high2),
-                ),
-            ];
-            for (n, qn) in q.iter().enumerate() {
+            for n in 0..4 {
+                let qn = &q6k_chunk_codes(p, h, n);
                 let c = 4 * h + n;
                 let pick = _mm256_loadu_si256(Q6K_SCALE_PICK[n].as_ptr() as *const __m256i);
                 let sc = _mm256_shuffle_epi8(halves[h], pick);
