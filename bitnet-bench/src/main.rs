@@ -37,7 +37,7 @@ struct SweepArgs {
     /// or a GGUF file. Default: bitnet-b1.58-large.
     #[arg(long)]
     model: Option<String>,
-    /// Format of a preset's synthetic linear weights (default: the first kernel's).
+    /// Format of a preset's synthetic linear weights (default: the first --kernels' own, else i2).
     #[arg(long)]
     format: Option<WeightFormat>,
     #[arg(long = "batch-sizes", num_args = 1.., value_name = "N", allow_negative_numbers = true)]
@@ -50,7 +50,8 @@ struct SweepArgs {
     kv_precisions: Vec<String>,
     #[arg(long, num_args = 1.., value_name = "N", allow_negative_numbers = true)]
     threads: Vec<String>,
-    /// Kernel families: i2s, tq2, tq1, xnor (each at its default form).
+    /// Kernel families: i2s, tq2, tq1, xnor (each at its default form). Default: the one made
+    /// for the model's weights (a GGUF file's format, a preset's --format, else i2s).
     #[arg(long, num_args = 1.., value_name = "K")]
     kernels: Vec<String>,
     /// ISA level for every kernel (default: the best this CPU has).
@@ -509,6 +510,8 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     }
 
     let quiet = a.quiet;
+    let mut runner = EngineRunner::load(&spec)?;
+    spec.kernels = runner.kernels().to_vec();
     if !quiet {
         eprintln!(
             "bitnet-bench: {} — batch {:?} × context {:?} × KV {:?} × threads {:?} × kernels {:?}; {} warm-up + {} runs × {} new tokens",
@@ -523,7 +526,6 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
             spec.max_new_tokens
         );
     }
-    let mut runner = EngineRunner::load(&spec)?;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);

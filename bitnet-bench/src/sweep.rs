@@ -32,6 +32,8 @@ pub struct SweepSpec {
     pub context_lengths: Vec<usize>,
     pub kv_precisions: Vec<KvPrecision>,
     pub threads: Vec<usize>,
+    /// Empty: the family made for the model's weights (a GGUF file's format; a preset's
+    /// `format`, else I2_S), which [`EngineRunner::load`] fills in.
     pub kernels: Vec<KernelFamily>,
     pub isa: Option<IsaLevel>,
     pub max_new_tokens: usize,
@@ -61,7 +63,7 @@ impl Default for SweepSpec {
             context_lengths: vec![32, 128],
             kv_precisions: vec![KvPrecision::F16, KvPrecision::Int8, KvPrecision::Int4],
             threads: vec![threads],
-            kernels: vec![KernelFamily::I2s],
+            kernels: Vec::new(),
             isa: None,
             max_new_tokens: 16,
             warmup: 1,
@@ -418,10 +420,11 @@ pub struct EngineRunner {
     source: String,
     /// Where the model comes from, to regenerate a preset in another kernel's format.
     model_source: ModelSource,
-    /// `--format`, if given: every kernel then reads that one format.
+    /// The one format every kernel reads when it is fixed (`--format`, or a GGUF file's own).
     format: Option<WeightFormat>,
     /// Formats of the sweep's kernels, for the report (`i2`, or e.g. `i2,bitplanes`).
     formats: String,
+    kernels: Vec<KernelFamily>,
     gen_threads: usize,
     seed: u64,
     pin: bool,
@@ -435,19 +438,33 @@ pub struct EngineRunner {
 impl EngineRunner {
     /// Loads the model. A preset gets synthetic weights in each kernel's own format (one model
     /// in memory at a time; combinations run kernel by kernel), or all in `--format`; a GGUF
-    /// file has one format, which every kernel must read.
+    /// file has one format, which every kernel must read. With no `spec.kernels`, the family
+    /// made for the weights is swept; [`EngineRunner::kernels`] says which.
     pub fn load(spec: &SweepSpec) -> Result<Self> {
         let source = ModelSource::parse(&spec.model).with_context(|| format!("--model {}", spec.model))?;
-        let first = spec.kernels.first().context("--kernels: needs at least one value")?;
-        let format = spec.format.unwrap_or(first.native_format());
+        let format = spec.format.or(spec.kernels.first().map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
         let gen_threads = spec.threads.iter().copied().max().unwrap_or(1);
         let (model, desc) = source
             .load(format, spec.seed, gen_threads)
             .with_context(|| format!("--model {} (format {format})", spec.model))?;
         let fixed = spec.format.is_some() || matches!(source, ModelSource::Gguf(_));
+        let loaded = model.weights.layers[0].wq.format();
+        if model.weights.kernel_family().is_none() {
+            let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
+            bail!(
+                "--model {}: its linear layers mix {} weights, and a sweep runs one kernel family over every layer \
+                 (`bitnet-bench run` gives each layer the kernel for its own format)",
+                spec.model,
+                mixed.join(" and ")
+            );
+        }
+        let kernels = match &spec.kernels[..] {
+            [] => vec![Kernel::best_for(loaded).family()],
+            given => given.to_vec(),
+        };
         let mut formats: Vec<WeightFormat> = Vec::new();
-        for k in &spec.kernels {
-            let f = if fixed { model.weights.layers[0].wq.format() } else { k.native_format() };
+        for k in &kernels {
+            let f = if fixed { loaded } else { k.native_format() };
             if !k.accepts(f) {
                 bail!(
                     "--kernels {k}: cannot read this model's {f} weights (use --kernels {})",
@@ -462,8 +479,9 @@ impl EngineRunner {
             model,
             source: desc,
             model_source: source,
-            format: if fixed { Some(format) } else { None },
+            format: fixed.then_some(loaded),
             formats: formats.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+            kernels,
             gen_threads,
             seed: spec.seed,
             pin: spec.pin,
@@ -472,6 +490,11 @@ impl EngineRunner {
             roofline_probe: None,
             prompts: Vec::new(),
         })
+    }
+
+    /// The kernel families to sweep: `--kernels`, or the one made for the model's weights.
+    pub fn kernels(&self) -> &[KernelFamily] {
+        &self.kernels
     }
 
     fn state(&mut self) -> Result<(&Model, &mut State, Combo)> {

@@ -272,3 +272,37 @@ fn several_kernels_each_run_on_their_own_format() {
     assert!(err.contains("--kernels xnor"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
+    let d = tmp("gguf-default");
+    let (model, out) = (d.join("tiny-tq1.gguf"), d.join("g.json"));
+    let (model, out) = (model.to_str().unwrap(), out.to_str().unwrap());
+    let args =
+        ["run", "--model", "tiny", "--tokens", "1", "--n-predict", "1", "--save-format", "tq1_0", "--save-gguf", model];
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["--model", model, "--quick", "--json-report", out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("kernels [\"tq1\"]"), "the header names the kernel it chose: {err}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
+    assert_eq!(r["model"]["weight_format"], "tq1_0");
+    let kernels: Vec<&str> =
+        r["results"].as_array().unwrap().iter().map(|x| x["config"]["kernel"].as_str().unwrap()).collect();
+    assert_eq!(kernels, ["tq1", "tq1"]);
+    // A kernel that cannot read the file is refused before anything runs, naming the flag and
+    // the fix.
+    std::fs::remove_file(out).unwrap();
+    let (code, _, err) = run(&["--model", model, "--kernels", "i2s", "--quick", "--json-report", out]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--kernels i2s") && err.contains("use --kernels tq1"), "{err}");
+    assert!(!std::path::Path::new(out).exists());
+    // A file that mixes formats (the fixture: TQ2_0 and TQ1_0 layers) cannot be swept by one
+    // kernel, and says so.
+    let mixed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bitnet-engine/tests/data/tiny-bitnet.gguf");
+    let (code, _, err) = run(&["--model", mixed.to_str().unwrap(), "--quick", "--json-report", out]);
+    assert_eq!(code, 2);
+    assert!(err.contains("mix tq2_0 and tq1_0") && err.contains("bitnet-bench run"), "{err}");
+    assert!(!std::path::Path::new(out).exists());
+    let _ = std::fs::remove_dir_all(d);
+}

@@ -81,9 +81,10 @@ struct TraceArgs {
     /// Threads in all (the caller is one).
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Kernel family: scalar, i2s, tq2, tq1, xnor.
-    #[arg(long, default_value = "i2s")]
-    kernel: KernelFamily,
+    /// Kernel family: scalar, i2s, tq2, tq1, xnor (default: the one made for the model's
+    /// weights: a GGUF file's format, a preset's --format, else i2s).
+    #[arg(long)]
+    kernel: Option<KernelFamily>,
     /// ISA level: scalar, avx2, avx512 (default: the best this CPU has).
     #[arg(long)]
     isa: Option<IsaLevel>,
@@ -155,13 +156,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(Command::Overhead { trace, rounds, steps }) = cli.command {
+        let opts = options(trace);
+        let (results, kernel) = bitnet_trace::overhead::measure(&opts, rounds, steps)?;
         let what = format!(
             "{}, {} kernel, {} threads, batch {}, context {}, KV {}; {rounds} rounds × {steps} decode steps per level",
-            trace.model, trace.kernel, trace.threads, trace.batch, trace.context_length, trace.kv
+            opts.model,
+            kernel.name(),
+            opts.threads,
+            opts.batch,
+            opts.context_length,
+            opts.kv
         );
-        let opts = options(trace);
-        let what = format!("{what} ({})", bitnet_trace::run::kernel_form_name(&opts)?);
-        let results = bitnet_trace::overhead::measure(&opts, rounds, steps)?;
         print!("{}", bitnet_trace::overhead::table(&results, &what));
         return Ok(ExitCode::SUCCESS);
     }

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use bitnet_engine::instrument::Level;
-use bitnet_engine::model::{argmax, prefill, ModelSource};
-use bitnet_engine::{LogitsFor, State};
+use bitnet_engine::model::{argmax, prefill};
+use bitnet_engine::{Kernel, LogitsFor, State};
 
-use crate::run::{kernel_for, prompt, state_options, TraceOptions};
+use crate::run::{load_model, prompt, state_options, TraceOptions};
 
 /// Decode tokens/s samples of one level, and its median ratio to `off`.
 #[derive(Debug, Clone)]
@@ -35,14 +35,11 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Runs `rounds` rounds of `steps` decode steps at each level.
-pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<Vec<LevelResult>> {
+/// Runs `rounds` rounds of `steps` decode steps at each level; returns the results and the
+/// kernel that ran (`--kernel`, or the one for the model's weights).
+pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<(Vec<LevelResult>, Kernel)> {
     anyhow::ensure!(rounds >= 1 && steps >= 1, "--rounds and --steps must be at least 1");
-    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
-    let (model, _) = source
-        .load(opts.format.unwrap_or(opts.kernel.native_format()), opts.seed, opts.threads)
-        .with_context(|| format!("--model {}", opts.model))?;
-    let kernel = kernel_for(opts)?;
+    let (model, _, kernel) = load_model(opts)?;
     let opts = &TraceOptions { tokens: steps, ..opts.clone() };
     let mut state = State::new(&model, &state_options(opts, kernel, &model)?).context("--kernel")?;
     let vocab = model.config.vocab;
@@ -76,14 +73,15 @@ pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<Vec<L
         }
     }
     let off = samples[0].clone();
-    Ok(LEVELS
+    let results = LEVELS
         .iter()
         .zip(samples)
         .map(|(&level, s)| {
             let ratios: Vec<f64> = s.iter().zip(&off).map(|(a, b)| a / b).collect();
             LevelResult { level, ratio_to_off: median(&ratios), tokens_per_sec: s }
         })
-        .collect())
+        .collect();
+    Ok((results, kernel))
 }
 
 /// The results as a table.

@@ -33,7 +33,9 @@ pub struct TraceOptions {
     pub context_length: usize,
     pub kv: KvPrecision,
     pub threads: usize,
-    pub kernel: KernelFamily,
+    /// Default: the family made for the model's weights (a GGUF file's own format; a preset's
+    /// `format`, else I2_S).
+    pub kernel: Option<KernelFamily>,
     /// Default: the best level this CPU has for the family.
     pub isa: Option<IsaLevel>,
     /// Default: split where the family has it, so `unpack` and `dot` are told apart.
@@ -58,7 +60,7 @@ impl Default for TraceOptions {
             context_length: 128,
             kv: KvPrecision::F16,
             threads: 2,
-            kernel: KernelFamily::I2s,
+            kernel: None,
             isa: None,
             form: None,
             tokens: 32,
@@ -156,24 +158,39 @@ pub(crate) fn prompt(seed: u64, s: usize, len: usize, vocab: usize) -> Vec<u32> 
     (0..len).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
-/// The kernel of the options: the family at the chosen (or best) ISA level, in the chosen
-/// form (default split where the family has one).
-pub(crate) fn kernel_for(opts: &TraceOptions) -> Result<Kernel> {
+/// The model of the options and the kernel that runs it: `kernel`, or the family made for the
+/// weights, so that a GGUF file is traced with the kernel for its format without being told.
+pub(crate) fn load_model(opts: &TraceOptions) -> Result<(Model, String, Kernel)> {
+    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
+    let format = opts.format.or(opts.kernel.map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
+    let (model, desc) =
+        source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
+    let Some(family) = opts.kernel.or(model.weights.kernel_family()) else {
+        let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
+        bail!(
+            "--model {}: its linear layers mix {} weights, and a trace runs one kernel family over every \
+             layer (`bitnet-bench run` gives each layer the kernel for its own format)",
+            opts.model,
+            mixed.join(" and ")
+        );
+    };
+    let kernel = kernel_for(opts, family)?;
+    Ok((model, desc, kernel))
+}
+
+/// `family` at the chosen (or best) ISA level, in the chosen form (default split where the
+/// family has one).
+fn kernel_for(opts: &TraceOptions, family: KernelFamily) -> Result<Kernel> {
     let isa = match opts.isa {
         Some(i) => i,
-        None => opts.kernel.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar),
+        None => family.isa_levels().iter().rev().copied().find(|l| l.is_supported()).unwrap_or(IsaLevel::Scalar),
     };
-    let form = opts.form.unwrap_or(if opts.kernel.forms().contains(&KernelForm::Split) {
+    let form = opts.form.unwrap_or(if family.forms().contains(&KernelForm::Split) {
         KernelForm::Split
     } else {
         KernelForm::Fused
     });
-    Kernel::new(opts.kernel, isa, form).context("--kernel/--isa/--form")
-}
-
-/// `kernel/isa/form` of the options, e.g. `i2s/avx512/split`.
-pub fn kernel_form_name(opts: &TraceOptions) -> Result<String> {
-    Ok(kernel_for(opts)?.name())
+    Kernel::new(family, isa, form).context("--kernel/--isa/--form")
 }
 
 /// The state for the options (checked against the model).
@@ -188,11 +205,7 @@ pub(crate) fn state_options(opts: &TraceOptions, kernel: Kernel, model: &Model) 
 /// Runs the trace and writes every output into `out`.
 pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
     let staging = Staging::new(out)?;
-    let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
-    let format = opts.format.unwrap_or(opts.kernel.native_format());
-    let (model, source_desc) =
-        source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
-    let kernel = kernel_for(opts)?;
+    let (model, source_desc, kernel) = load_model(opts)?;
     let so = state_options(opts, kernel, &model)?;
     let mut state = State::new(&model, &so).context("--kernel")?;
     let (clock_source, ticks_per_sec) = clock::init();

@@ -149,3 +149,32 @@ fn the_lut_form_is_traced_as_one_lookup_stage() {
     assert!(folded.lines().any(|l| l.contains(";lookup ")), "{folded}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_gguf_file_is_traced_with_the_kernel_for_its_format_unless_told() {
+    let out = tmp("gguf-default");
+    std::fs::create_dir_all(&out).unwrap();
+    let model = out.join("tiny-tq2.gguf");
+    let tiny = bitnet_engine::Model::synthetic("tiny", bitnet_engine::WeightFormat::Tq2_0, 42, 1).unwrap();
+    bitnet_engine::gguf::save_model(&tiny, bitnet_engine::WeightFormat::Tq2_0, &model).unwrap();
+    let trace = |model: &str, dir: &str| {
+        let dir = out.join(dir);
+        let dir = dir.to_str().unwrap();
+        let args =
+            ["--model", model, "--context-length", "8", "--tokens", "2", "--level", "aggregate", "--no-counters"];
+        run(&[&args[..], &["--out", dir]].concat())
+    };
+    let (code, stdout, err) = trace(model.to_str().unwrap(), "uniform");
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("kernel tq2/"), "{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("uniform/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["run"]["kernel"], "tq2", "{summary}");
+    // The fixture mixes TQ2_0 and TQ1_0 layers, which one kernel cannot trace: a clear error.
+    let mixed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bitnet-engine/tests/data/tiny-bitnet.gguf");
+    let (code, _, err) = trace(mixed.to_str().unwrap(), "mixed");
+    assert_eq!(code, 2);
+    assert!(err.contains("mix tq2_0 and tq1_0"), "{err}");
+    assert!(!out.join("mixed").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}

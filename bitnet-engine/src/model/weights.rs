@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, KernelFamily};
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix64;
 
@@ -92,6 +92,28 @@ impl Weights {
         let linear: usize =
             self.layers.iter().flat_map(|l| l.linears()).map(|w| Kernel::for_weights(forced, w).bytes_read(w)).sum();
         self.bytes_read_per_token() - self.linear_bytes() + linear
+    }
+
+    /// The formats of the linear layers, each once, in layer order: one for most files, more
+    /// for a GGUF file that mixes them.
+    pub fn linear_formats(&self) -> Vec<WeightFormat> {
+        let mut formats = Vec::new();
+        for w in self.layers.iter().flat_map(|l| l.linears()) {
+            if !formats.contains(&w.format()) {
+                formats.push(w.format());
+            }
+        }
+        formats
+    }
+
+    /// The kernel family tools run by default: the best one for the linear layers' format, or
+    /// `None` when they mix formats (each layer then needs its own, which
+    /// [`StateOptions::kernel`](crate::StateOptions) left unset gives).
+    pub fn kernel_family(&self) -> Option<KernelFamily> {
+        match self.linear_formats()[..] {
+            [f] => Some(Kernel::best_for(f).family()),
+            _ => None,
+        }
     }
 
     /// Bytes of memory the kernels `forced` (or the best for each format) add to the weights:
