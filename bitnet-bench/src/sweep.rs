@@ -504,7 +504,13 @@ impl EngineRunner {
 
     /// One run: prefill, then decode steps, with a bandwidth probe after each step when
     /// `probe` is given (outside the step's time); returns the run and the probes' GB/s.
-    fn run_probing(&mut self, max_new: usize, probe: Option<&ProbeBuffer>) -> Result<(RunSample, Vec<f64>)> {
+    /// `decode_starts` is called between the prefill and the first decode step.
+    fn run_probing(
+        &mut self,
+        max_new: usize,
+        probe: Option<&ProbeBuffer>,
+        decode_starts: &mut dyn FnMut(),
+    ) -> Result<(RunSample, Vec<f64>)> {
         let prompts = std::mem::take(&mut self.prompts);
         let r = (|| {
             let (model, st, combo) = self.state()?;
@@ -518,6 +524,7 @@ impl EngineRunner {
                 next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
             }
             let ttft = t0.elapsed().as_secs_f64();
+            decode_starts();
             let seqs: Vec<usize> = (0..combo.batch).collect();
             let mut positions = vec![0; combo.batch];
             let mut steps = Vec::with_capacity(max_new);
@@ -624,7 +631,7 @@ impl Runner for EngineRunner {
     }
 
     fn run(&mut self, max_new: usize) -> Result<RunSample> {
-        Ok(self.run_probing(max_new, None)?.0)
+        Ok(self.run_probing(max_new, None, &mut || {})?.0)
     }
 
     fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass> {
@@ -634,7 +641,7 @@ impl Runner for EngineRunner {
         };
         // One untimed pass faults the pages in.
         probe.read_gbps_on(self.state()?.1.pool());
-        let r = self.run_probing(max_new, Some(&probe));
+        let r = self.run_probing(max_new, Some(&probe), &mut || {});
         self.roofline_probe = Some(probe);
         let (sample, probe_gbps) = r?;
         Ok(RooflinePass { step_secs: sample.decode_step_secs, probe_gbps })
@@ -644,7 +651,13 @@ impl Runner for EngineRunner {
         let (_, st, _) = self.state()?;
         st.set_instrument(if trace { Level::Aggregate } else { Level::Off }, 0);
         let mut c = counters.then(|| bitnet_trace::counters::Counters::open(&bitnet_trace::counters::thread_ids()));
-        let sample = self.run(max_new);
+        // The counts of the prefill are read and dropped when decode starts, so what is left
+        // is the decode steps' alone.
+        let sample = self.run_probing(max_new, None, &mut || {
+            if let Some(c) = c.as_mut() {
+                c.delta();
+            }
+        });
         let (_, st, _) = self.state()?;
         let counted = c.as_mut().map(|c| c.delta());
         let spans = trace.then(|| bitnet_trace::spans::Spans::collect(st));
@@ -658,8 +671,6 @@ impl Runner for EngineRunner {
             }
             m
         });
-        // Counters cover the whole run (prefill and decode); per decode step they are
-        // attributed by the run's token count, which the summary documents.
         let counters = counted.map(|d| d.into_iter().map(|(k, v)| (k.to_string(), v.value / steps)).collect());
         Ok(Diagnostics { stages, counters })
     }

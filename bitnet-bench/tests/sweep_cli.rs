@@ -306,3 +306,48 @@ fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
     assert!(!std::path::Path::new(out).exists());
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn counters_per_decode_step_leave_the_prefill_out() {
+    let d = tmp("counters");
+    let out = d.join("c.json");
+    // A long prompt and two decode steps: had the prefill's counts been spread over the steps,
+    // each step's task-clock would be about the whole prefill's.
+    let (code, _, err) = run(&[
+        "--model",
+        "tiny",
+        "--batch-sizes",
+        "1",
+        "--context-lengths",
+        "200",
+        "--kv-precisions",
+        "f16",
+        "--threads",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--repeat",
+        "2",
+        "--quality-positions",
+        "0",
+        "--counters",
+        "--quiet",
+        "--json-report",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let res = &r["results"][0];
+    let Some(task_ns) = res["counters"]["task-clock"].as_f64() else {
+        eprintln!("no task-clock counter on this machine (perf_event_open refused): nothing to check");
+        return;
+    };
+    let ttft_ns = res["prefill"]["ttft_ms"]["median"].as_f64().unwrap() * 1e6;
+    assert!(task_ns > 0.0);
+    assert!(
+        task_ns < 0.5 * ttft_ns,
+        "task-clock per decode step {task_ns} ns is of the order of the prefill's {ttft_ns} ns: {}",
+        res["counters"]
+    );
+    let _ = std::fs::remove_dir_all(d);
+}
