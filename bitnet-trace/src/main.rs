@@ -184,6 +184,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
     for f in &outcome.files {
         eprintln!("bitnet-trace: wrote {}", f.display());
     }
+    let failed = outcome.summary.consistency.failures.len();
+    if failed > 0 {
+        // The files are written (they show what went wrong); the exit code tells CI.
+        eprintln!("bitnet-trace: {failed} consistency check(s) failed (see CHECK FAILED above)");
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

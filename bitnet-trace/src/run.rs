@@ -342,7 +342,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
         }
     }
     let (caller_ms, diff_pct, wall_ok) = wall_check(&spans, wall_ms);
-    let mut failures = Vec::new();
+    let (mut failures, mut not_run) = (Vec::new(), Vec::new());
     if opts.level != Level::Off && !wall_ok {
         failures.push(format!(
             "caller-thread spans sum to {caller_ms:.2} ms but the wall time is {wall_ms:.2} ms ({diff_pct:+.1}%): the spans miss or double-count time"
@@ -373,7 +373,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             rows.push(PprofRow { stage: stage.name().into(), function: function.into(), span_pct, sampled_pct, ok });
         }
         if s.samples < PPROF_MIN_SAMPLES {
-            failures.push(format!(
+            not_run.push(format!(
                 "pprof took only {} samples (needs {PPROF_MIN_SAMPLES} to compare shares within {PPROF_TOLERANCE_PP} pp): trace more --tokens or a larger model",
                 s.samples
             ));
@@ -428,6 +428,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             wall_ok,
             pprof,
             failures,
+            not_run,
         },
         counters: counter_report,
         timeline: (opts.level == Level::Timeline)

@@ -71,7 +71,8 @@ pub struct StageRow {
     pub calls: u64,
     pub ns_per_call: f64,
     pub bytes: u64,
-    /// bytes / (stage time / threads): the rate the stage moved data at while it ran.
+    /// bytes / the stage's time on its busiest thread: the rate the stage moved data at while
+    /// it ran, over all the threads that ran it.
     pub gbps: Option<f64>,
 }
 
@@ -91,8 +92,11 @@ pub struct Consistency {
     pub difference_pct: f64,
     pub wall_ok: bool,
     pub pprof: Option<PprofCheck>,
-    /// Plain statements of every failed check.
+    /// Plain statements of every failed check (the run exits 1 when there are any).
     pub failures: Vec<String>,
+    /// Checks that could not run and why (too few pprof samples); not failures.
+    #[serde(default)]
+    pub not_run: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,7 +158,14 @@ pub fn stage_rows(spans: &Spans, phase: Phase, wall_ms: f64) -> Vec<StageRow> {
         let ns: f64 = sel.iter().map(|t| t.ns).sum();
         let calls: u64 = sel.iter().map(|t| t.calls).sum();
         let bytes: u64 = sel.iter().map(|t| t.bytes).sum();
-        let wall_ns = ns / spans.threads as f64;
+        // The stage's wall time is its busiest thread's: the whole of it for a stage only the
+        // caller runs (embed, kv_write), about ns / threads for one split across all threads.
+        // Dividing every stage by the thread count had doubled the serial stages' GB/s.
+        let mut per_thread = BTreeMap::new();
+        for t in &sel {
+            *per_thread.entry(t.thread).or_insert(0.0) += t.ns;
+        }
+        let wall_ns = per_thread.values().copied().fold(0.0, f64::max);
         rows.push(StageRow {
             stage: stage.name().into(),
             parent: stage.parent().map(Into::into),
@@ -281,6 +292,9 @@ pub fn table(s: &Summary) -> String {
     for f in &c.failures {
         let _ = writeln!(o, "CHECK FAILED: {f}");
     }
+    for f in &c.not_run {
+        let _ = writeln!(o, "check not run: {f}");
+    }
     if let Some(cr) = &s.counters {
         if let Some(n) = &cr.note {
             let _ = writeln!(o, "counters: {n}");
@@ -327,4 +341,39 @@ pub fn table(s: &Summary) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use bitnet_engine::instrument::Op;
+
+    use super::*;
+    use crate::spans::StageTotal;
+
+    fn total(stage: Stage, thread: usize, ns: f64, bytes: u64) -> StageTotal {
+        StageTotal { phase: Phase::Decode, layer: None, op: Op::None, stage, thread, ns, calls: 1, bytes }
+    }
+
+    #[test]
+    fn gbps_divides_by_the_busiest_thread_so_serial_stages_are_not_doubled() {
+        let spans = Spans {
+            totals: vec![
+                // Only the caller embeds: 1 GB in 1 s is 1 GB/s, not 2.
+                total(Stage::Embed, 0, 1e9, 1_000_000_000),
+                // Both threads stream 1 GB each, one in 1 s and one in 0.8 s: 2 GB by the time
+                // the slower is done, 2 GB/s.
+                total(Stage::UnpackDot, 0, 1e9, 1_000_000_000),
+                total(Stage::UnpackDot, 1, 0.8e9, 1_000_000_000),
+            ],
+            events: Vec::new(),
+            overflow: vec![0, 0],
+            threads: 2,
+            ticks_per_sec: 1e9,
+            clock: "test",
+        };
+        let rows = stage_rows(&spans, Phase::Decode, 2000.0);
+        let gbps = |name: &str| rows.iter().find(|r| r.stage == name).and_then(|r| r.gbps).unwrap();
+        assert!((gbps("embed") - 1.0).abs() < 1e-12, "{rows:?}");
+        assert!((gbps("unpack_dot") - 2.0).abs() < 1e-12, "{rows:?}");
+    }
 }

@@ -178,3 +178,29 @@ fn a_gguf_file_is_traced_with_the_kernel_for_its_format_unless_told() {
     assert!(!out.join("mixed").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
+    let out = tmp("pprof-few");
+    let (code, stdout, err) = run(&[
+        "--model",
+        "tiny",
+        "--context-length",
+        "4",
+        "--tokens",
+        "2",
+        "--level",
+        "aggregate",
+        "--no-counters",
+        "--pprof",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("check not run: pprof took only"), "{stdout}");
+    assert!(!stdout.contains("CHECK FAILED"), "{stdout}");
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["consistency"]["failures"], serde_json::json!([]), "{summary}");
+    assert_eq!(summary["consistency"]["not_run"].as_array().map(|a| a.len()), Some(1), "{summary}");
+    let _ = std::fs::remove_dir_all(&out);
+}
