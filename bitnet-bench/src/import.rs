@@ -2,9 +2,10 @@
 //! llama.cpp or bitnet.cpp run on the same GGUF can be tabled, plotted and diffed beside ours.
 //!
 //! llama-bench writes one entry per test: prompt processing (`n_prompt > 0`, `n_gen = 0`) and
-//! text generation (`n_gen > 0`). Entries of one configuration (model, threads, K type, batch)
-//! are paired into one result: prefill from the pp test (`samples_ts`, and `samples_ns` as
-//! TTFT), decode from the tg test (`samples_ts`). Mapping limits, stated in the fields:
+//! text generation (`n_gen > 0`). The tests of one configuration (threads, K type) are paired
+//! into one result per pp test (one per `-p` value): prefill from the pp test (`samples_ts`, and
+//! `samples_ns` as TTFT), decode from the configuration's one tg test (`samples_ts`). A report
+//! holds one model, one `-n` and one `-d`: files with several of any are refused, not merged. Mapping limits, stated in the fields:
 //! `context_length` is the pp test's `n_prompt`, while llama-bench decodes from a cache of
 //! `n_depth` tokens (0 unless `-d` was given); latency percentiles are over per-run mean token
 //! times (llama-bench keeps no per-token times); the roofline is unknown (0).
@@ -62,8 +63,24 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
     if entries.is_empty() {
         bail!("{name}: no llama-bench entries");
     }
-    type Key = (String, usize, String, usize);
-    let mut groups: BTreeMap<Key, (Option<&LlamaBenchEntry>, Option<&LlamaBenchEntry>)> = BTreeMap::new();
+    // One report holds one model: llama-bench's `model_type` is the same for every BitNet
+    // file of one quantization type, so the file name tells models apart.
+    let mut files: Vec<&str> = entries.iter().map(|e| e.model_filename.as_str()).collect();
+    files.sort_unstable();
+    files.dedup();
+    if files.len() > 1 {
+        bail!(
+            "{name}: entries of {} models ({}); a report holds one model: run llama-bench with one -m at a time",
+            files.len(),
+            files.join(", ")
+        );
+    }
+    // Tests of one configuration (threads, K type, depth): every pp test (one per -p value) is
+    // paired with the one tg test.
+    type Key = (usize, String, usize);
+    /// The pp tests, and the tg tests with their entry index.
+    type Tests<'e> = (Vec<&'e LlamaBenchEntry>, Vec<(usize, &'e LlamaBenchEntry)>);
+    let mut groups: BTreeMap<Key, Tests> = BTreeMap::new();
     for (i, e) in entries.iter().enumerate() {
         if e.samples_ts.is_empty() || e.samples_ts.len() != e.samples_ns.len() {
             bail!("{name}: [{i}].samples_ts: needs one or more samples, as many as samples_ns");
@@ -71,49 +88,68 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         if e.samples_ts.iter().chain(&e.samples_ns).any(|v| !v.is_finite() || *v <= 0.0) {
             bail!("{name}: [{i}]: samples must be positive numbers");
         }
-        let key = (e.model_type.clone(), e.n_threads, e.type_k.clone(), e.n_depth);
-        let g = groups.entry(key).or_default();
+        let g = groups.entry((e.n_threads, e.type_k.clone(), e.n_depth)).or_default();
         match (e.n_prompt > 0, e.n_gen > 0) {
-            (true, false) => g.0 = Some(e),
-            (false, true) => g.1 = Some(e),
-            _ => {} // combined pp+tg tests have no split to map
+            (true, false) => g.0.push(e),
+            (false, true) => g.1.push((i, e)),
+            _ => {} // combined pp+tg (-pg) tests have no split to map
         }
     }
+    let depths: Vec<usize> =
+        groups.keys().map(|k| k.2).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    if depths.len() > 1 {
+        bail!(
+            "{name}: tests at several depths (-d {}); a report's configuration has no depth: import one -d at a time",
+            depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+        );
+    }
     let mut results = Vec::new();
-    for ((model, threads, type_k, _), (pp, tg)) in &groups {
-        let (Some(pp), Some(tg)) = (pp, tg) else { continue };
-        let token_ms: Vec<f64> = tg.samples_ns.iter().map(|ns| ns / 1e6 / tg.n_gen as f64).collect();
-        results.push(BenchResult {
-            config: Config {
-                model: model.clone(),
-                kernel: "llama.cpp".into(),
-                isa: if pp.backends.is_empty() { "cpu".into() } else { pp.backends.to_lowercase() },
-                batch: 1,
-                context_length: pp.n_prompt,
-                kv_precision: type_k.clone(),
-                threads: *threads,
-            },
-            prefill: Prefill {
-                tokens_per_sec: Stat::of(&pp.samples_ts),
-                ttft_ms: Stat::of(&pp.samples_ns.iter().map(|ns| ns / 1e6).collect::<Vec<_>>()),
-            },
-            decode: Decode {
-                tokens_per_sec: Stat::of(&tg.samples_ts),
-                latency_ms: Latency::of(token_ms),
-                bytes_per_token: 0,
-                bytes_per_step: 0,
-                roofline_fraction: 0.0,
-                probes_gbps: Vec::new(),
-                step_fractions: Vec::new(),
-            },
-            memory: Memory { weight_bytes: pp.model_size, kv_cache_bytes: 0, peak_rss_bytes: None },
-            quality: None,
-            stages: None,
-            counters: None,
-        });
+    for ((threads, type_k, _), (pps, tgs)) in &groups {
+        let tg = match tgs[..] {
+            [] => continue,
+            [(_, tg)] => tg,
+            [(i, a), (j, b), ..] => bail!(
+                "{name}: [{i}] and [{j}]: tg tests of {} and {} tokens at {threads} threads; a report decodes one number of new tokens: import one -n at a time",
+                a.n_gen,
+                b.n_gen
+            ),
+        };
+        for pp in pps {
+            let token_ms: Vec<f64> = tg.samples_ns.iter().map(|ns| ns / 1e6 / tg.n_gen as f64).collect();
+            results.push(BenchResult {
+                config: Config {
+                    model: tg.model_type.clone(),
+                    kernel: "llama.cpp".into(),
+                    isa: if pp.backends.is_empty() { "cpu".into() } else { pp.backends.to_lowercase() },
+                    batch: 1,
+                    context_length: pp.n_prompt,
+                    kv_precision: type_k.clone(),
+                    threads: *threads,
+                },
+                prefill: Prefill {
+                    tokens_per_sec: Stat::of(&pp.samples_ts),
+                    ttft_ms: Stat::of(&pp.samples_ns.iter().map(|ns| ns / 1e6).collect::<Vec<_>>()),
+                },
+                decode: Decode {
+                    tokens_per_sec: Stat::of(&tg.samples_ts),
+                    latency_ms: Latency::of(token_ms),
+                    bytes_per_token: 0,
+                    bytes_per_step: 0,
+                    roofline_fraction: 0.0,
+                    probes_gbps: Vec::new(),
+                    step_fractions: Vec::new(),
+                },
+                memory: Memory { weight_bytes: pp.model_size, kv_cache_bytes: 0, peak_rss_bytes: None },
+                quality: None,
+                stages: None,
+                counters: None,
+            });
+        }
     }
     if results.is_empty() {
-        bail!("{name}: no configuration has both a prompt (n_prompt > 0) and a generation (n_gen > 0) test");
+        bail!(
+            "{name}: no configuration has both a pp test (n_prompt > 0, n_gen = 0) and a tg test (n_gen > 0, n_prompt = 0) at the same threads, K type and depth (combined -pg tests are not imported)"
+        );
     }
     let first = &entries[0];
     let reps = first.samples_ts.len();
@@ -180,4 +216,83 @@ pub fn import_file(path: &Path) -> Result<Report> {
         anyhow::anyhow!("{name}: at $.{}: {} (expected llama-bench -o json output)", e.path(), e.inner())
     })?;
     import(&entries, &name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(file: &str, threads: usize, n_prompt: usize, n_gen: usize, depth: usize, ts: f64) -> LlamaBenchEntry {
+        LlamaBenchEntry {
+            build_commit: "abc".into(),
+            cpu_info: "cpu".into(),
+            backends: "CPU".into(),
+            model_filename: file.into(),
+            model_type: "bitnet ?B TQ2_0 - 2.06 bpw ternary".into(),
+            model_size: 1000,
+            model_n_params: 10,
+            n_batch: 2048,
+            n_threads: threads,
+            type_k: "f16".into(),
+            n_prompt,
+            n_gen,
+            n_depth: depth,
+            test_time: String::new(),
+            samples_ns: vec![1e6, 1.1e6],
+            samples_ts: vec![ts, ts * 1.1],
+        }
+    }
+
+    #[test]
+    fn every_prompt_length_becomes_a_result_with_the_configurations_tg_test() {
+        // llama-bench -p 16,32 -n 4 -t 1,2: two pp tests and one tg test per thread count.
+        let e: Vec<_> = [1, 2]
+            .iter()
+            .flat_map(|&t| {
+                let f = t as f64;
+                [
+                    entry("m.gguf", t, 16, 0, 0, 100.0 * f),
+                    entry("m.gguf", t, 32, 0, 0, 200.0 * f),
+                    entry("m.gguf", t, 0, 4, 0, 10.0 * f),
+                ]
+            })
+            .collect();
+        let r = import(&e, "lb.json").unwrap();
+        let got: Vec<(usize, usize, f64, f64)> = r
+            .results
+            .iter()
+            .map(|x| {
+                let c = &x.config;
+                (c.threads, c.context_length, x.prefill.tokens_per_sec.samples[0], x.decode.tokens_per_sec.samples[0])
+            })
+            .collect();
+        assert_eq!(got, [(1, 16, 100.0, 10.0), (1, 32, 200.0, 10.0), (2, 16, 200.0, 20.0), (2, 32, 400.0, 20.0)]);
+        assert_eq!(r.settings.max_new_tokens, 4);
+    }
+
+    #[test]
+    fn several_models_depths_or_generation_lengths_are_refused_not_merged() {
+        let two_models = [
+            entry("large.gguf", 2, 16, 0, 0, 1.0),
+            entry("large.gguf", 2, 0, 4, 0, 1.0),
+            entry("2b.gguf", 2, 16, 0, 0, 1.0),
+            entry("2b.gguf", 2, 0, 4, 0, 1.0),
+        ];
+        let err = import(&two_models, "lb.json").unwrap_err().to_string();
+        assert!(err.contains("2 models") && err.contains("large.gguf") && err.contains("2b.gguf"), "{err}");
+        let two_depths = [
+            entry("m", 2, 16, 0, 0, 1.0),
+            entry("m", 2, 0, 4, 0, 1.0),
+            entry("m", 2, 16, 0, 8, 1.0),
+            entry("m", 2, 0, 4, 8, 1.0),
+        ];
+        let err = import(&two_depths, "lb.json").unwrap_err().to_string();
+        assert!(err.contains("-d 0,8"), "{err}");
+        let two_gens = [entry("m", 2, 16, 0, 0, 1.0), entry("m", 2, 0, 4, 0, 1.0), entry("m", 2, 0, 8, 0, 1.0)];
+        let err = import(&two_gens, "lb.json").unwrap_err().to_string();
+        assert!(err.contains("[1] and [2]") && err.contains("-n"), "{err}");
+        let pg_only = [entry("m", 2, 16, 4, 0, 1.0)];
+        let err = import(&pg_only, "lb.json").unwrap_err().to_string();
+        assert!(err.contains("-pg"), "{err}");
+    }
 }
