@@ -162,6 +162,9 @@ pub struct Comparison {
     pub added: Vec<Config>,
     pub removed: Vec<Config>,
     pub env_warnings: Vec<String>,
+    /// Metrics of paired configurations that could not be compared, and why (missing, zero or
+    /// negative samples: a ratio of them means nothing).
+    pub not_compared: Vec<String>,
 }
 
 /// Compares one metric's samples.
@@ -247,6 +250,11 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     diff("logical CPUs", a.system.logical_cpus.to_string(), b.system.logical_cpus.to_string());
     diff("ISA", a.system.isa.join(","), b.system.isa.join(","));
     diff("model", a.model.name.clone(), b.model.name.clone());
+    // One name covers a preset's synthetic weights and a GGUF file of the same shapes, whose
+    // LM heads (and so bytes per token) differ.
+    diff("model source", a.model.source.clone(), b.model.source.clone());
+    diff("weight format", a.model.weight_format.clone(), b.model.weight_format.clone());
+    diff("weight bytes", a.model.weight_bytes.to_string(), b.model.weight_bytes.to_string());
     diff("schema version", a.schema_version.to_string(), b.schema_version.to_string());
     let threads = |r: &Report| {
         let mut t: Vec<usize> = r.results.iter().map(|x| x.config.threads).collect();
@@ -294,13 +302,27 @@ pub fn compare(
     let removed: Vec<Config> = bi.keys().filter(|c| !ni.contains_key(*c)).cloned().collect();
     let mut pairs = Vec::new();
     let mut counts = Counts::default();
+    let mut not_compared = Vec::new();
     for (cfg, b) in &bi {
         let Some(n) = ni.get(cfg) else { continue };
         let mut ms = Vec::new();
         for m in &chosen {
-            let (Some(sb), Some(sn)) = ((m.samples)(b), (m.samples)(n)) else { continue };
-            if sb.is_empty() || sn.is_empty() || sb.iter().chain(&sn).any(|v| !(v.is_finite() && *v > 0.0)) {
-                continue; // zero or missing values (e.g. an imported report's roofline) cannot be ratioed
+            let (sb, sn) = ((m.samples)(b).unwrap_or_default(), (m.samples)(n).unwrap_or_default());
+            let unusable = |s: &[f64]| s.is_empty() || s.iter().any(|v| !(v.is_finite() && *v > 0.0));
+            if unusable(&sb) || unusable(&sn) {
+                // Zero, negative or missing values (e.g. an imported report's roofline) cannot
+                // be ratioed; say so rather than drop the row unseen.
+                let which = match (unusable(&sb), unusable(&sn)) {
+                    (true, true) => "both reports have",
+                    (true, false) => "the base has",
+                    _ => "the new report has",
+                };
+                not_compared.push(format!(
+                    "{} {}: {which} no samples or samples that are not positive",
+                    crate::render::cfg(cfg),
+                    m.name
+                ));
+                continue;
             }
             let (d, lo, hi, p, verdict, note) = decide(&sb, &sn, m.better, threshold, seed);
             match verdict {
@@ -345,5 +367,6 @@ pub fn compare(
         added,
         removed,
         env_warnings: environment_differences(base, new),
+        not_compared,
     })
 }

@@ -7,7 +7,7 @@ use bitnet_bench::report::Config;
 
 use crate::compare::{Comparison, MetricDiff};
 
-fn cfg(c: &Config) -> String {
+pub(crate) fn cfg(c: &Config) -> String {
     format!(
         "{} {}/{} B={} ctx={} kv={} t={}",
         c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
@@ -74,6 +74,12 @@ fn footer(c: &Comparison, o: &mut String, md: bool) {
     }
     for w in &c.env_warnings {
         let _ = writeln!(o, "\nwarning: {w}");
+    }
+    if !c.not_compared.is_empty() {
+        let _ = writeln!(o, "\nnot compared:");
+        for x in &c.not_compared {
+            let _ = writeln!(o, "{bullet}{x}");
+        }
     }
 }
 

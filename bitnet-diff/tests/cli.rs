@@ -109,6 +109,21 @@ fn added_removed_and_environment() {
     });
     let (_, _, err) = run(&[&data("quiet.json"), &unknown]);
     assert!(!err.contains("L1d cache") && !err.contains("CPU feature list"), "{err}");
+    // Same name, other weights (a preset against a GGUF file of its shapes).
+    let other_source = edited(&d, "source.json", |v| {
+        v["model"]["source"] = "GGUF file m.gguf".into();
+        v["model"]["weight_bytes"] = 1.into();
+    });
+    let (code, _, err) = run(&[&data("quiet.json"), &other_source]);
+    assert_eq!(code, 0);
+    assert!(err.contains("warning: model source differs") && err.contains("warning: weight bytes differs"), "{err}");
+    // A metric that cannot be ratioed is listed as not compared, not dropped unseen.
+    let zero = edited(&d, "zero.json", |v| {
+        v["results"][0]["decode"]["tokens_per_sec"]["samples"][0] = 0.0.into();
+    });
+    let (code, out, err) = run(&[&data("quiet.json"), &zero]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("not compared:") && out.contains("decode.tokens_per_sec: the new report has"), "{out}");
     let other_model = edited(&d, "model.json", |v| {
         for r in v["results"].as_array_mut().unwrap() {
             r["config"]["model"] = "other".into();
