@@ -211,16 +211,16 @@ struct RunCmd {
 #[derive(clap::Args, Default)]
 struct KernelArgs {
     /// Batch sizes (activation vectors per call).
-    #[arg(long = "batch", value_delimiter = ',', default_values_t = [1usize, 8])]
+    #[arg(long = "batch", value_delimiter = ',', num_args = 1.., default_values_t = [1usize, 8])]
     batch: Vec<usize>,
     /// Kernel families to run (scalar, i2s, tq2, tq1, xnor); default all.
-    #[arg(long = "kernels", value_delimiter = ',')]
+    #[arg(long = "kernels", value_delimiter = ',', num_args = 1..)]
     kernels: Vec<KernelFamily>,
     /// ISA levels to run (scalar, avx2, avx512); default every level this CPU has.
-    #[arg(long = "isa", value_delimiter = ',')]
+    #[arg(long = "isa", value_delimiter = ',', num_args = 1..)]
     isa: Vec<IsaLevel>,
     /// Forms to run (fused, split, lut — tq1 only); default all.
-    #[arg(long = "form", value_delimiter = ',')]
+    #[arg(long = "form", value_delimiter = ',', num_args = 1..)]
     form: Vec<KernelForm>,
     /// MiB of weights in the streaming case (0 skips it).
     #[arg(long, default_value_t = 512)]

@@ -367,17 +367,34 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
     let Some((first_name, first)) = reports.first() else { bail!("merge: no reports given") };
     let mut out = first.clone();
     for (name, r) in &reports[1..] {
+        let commit = |r: &Report| r.tool.git_commit.clone().unwrap_or_else(|| "unknown".into());
         if r.model.name != first.model.name || r.tool.git_commit != first.tool.git_commit {
             bail!(
-                "{name}: model {} at commit {:?} cannot be merged with {first_name} (model {} at commit {:?})",
+                "{name}: model {} at commit {} cannot be merged with {first_name} (model {} at commit {})",
                 r.model.name,
-                r.tool.git_commit,
+                commit(r),
                 first.model.name,
-                first.tool.git_commit
+                commit(first)
             );
         }
-        if r.settings.max_new_tokens != first.settings.max_new_tokens {
-            bail!("{name}: settings.max_new_tokens differs from {first_name}'s");
+        // Samples pool only if they measured the same weights the same way.
+        for (field, a, b) in [
+            ("model.source", &r.model.source, &first.model.source),
+            ("model.weight_format", &r.model.weight_format, &first.model.weight_format),
+        ] {
+            if a != b {
+                bail!("{name}: {field} is {a:?}, {first_name}'s is {b:?}: not the same weights");
+            }
+        }
+        for (field, a, b) in [
+            ("settings.max_new_tokens", r.settings.max_new_tokens, first.settings.max_new_tokens),
+            ("settings.warmup", r.settings.warmup, first.settings.warmup),
+            ("settings.seed", r.settings.seed as usize, first.settings.seed as usize),
+            ("model.weight_bytes", r.model.weight_bytes as usize, first.model.weight_bytes as usize),
+        ] {
+            if a != b {
+                bail!("{name}: {field} is {a}, {first_name}'s is {b}");
+            }
         }
         out.complete &= r.complete;
         out.settings.repeat += r.settings.repeat;
@@ -422,4 +439,47 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    fn baseline() -> Report {
+        serde_json::from_str(include_str!("../../reports/baseline-quick-avx2.json")).unwrap()
+    }
+
+    #[test]
+    fn equal_configurations_pool_their_samples() {
+        let (a, b) = (baseline(), baseline());
+        let m = merge(&[("a.json".into(), a.clone()), ("b.json".into(), b)]).unwrap();
+        assert_eq!(m.results.len(), a.results.len());
+        assert_eq!(m.settings.repeat, 2 * a.settings.repeat);
+        for (x, y) in m.results.iter().zip(&a.results) {
+            let s = &y.decode.tokens_per_sec.samples;
+            assert_eq!(x.decode.tokens_per_sec.samples, [s.clone(), s.clone()].concat());
+        }
+    }
+
+    #[test]
+    fn reports_of_other_weights_or_settings_are_refused() {
+        type Edit = fn(&mut Report);
+        let cases: [(&str, Edit); 5] = [
+            ("settings.seed", |r| r.settings.seed += 1),
+            ("settings.warmup", |r| r.settings.warmup += 1),
+            ("settings.max_new_tokens", |r| r.settings.max_new_tokens += 1),
+            ("model.source", |r| r.model.source = "GGUF file m.gguf".into()),
+            ("model.weight_bytes", |r| r.model.weight_bytes += 1),
+        ];
+        for (field, edit) in cases {
+            let mut b = baseline();
+            edit(&mut b);
+            let err = merge(&[("a.json".into(), baseline()), ("b.json".into(), b)]).unwrap_err().to_string();
+            assert!(err.starts_with("b.json: ") && err.contains(field), "{field}: {err}");
+        }
+        let mut other = baseline();
+        other.tool.git_commit = None;
+        let err = merge(&[("a.json".into(), baseline()), ("b.json".into(), other)]).unwrap_err().to_string();
+        assert!(err.contains("at commit unknown") && !err.contains("Some("), "{err}");
+    }
 }
