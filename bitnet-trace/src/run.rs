@@ -118,9 +118,30 @@ impl Staging {
             std::fs::rename(e.path(), &dst).with_context(|| format!("moving {} into place", dst.display()))?;
             files.push(dst);
         }
+        // A file an earlier trace wrote into `out` that this one did not (its profile.pb, say,
+        // beside a new summary.json) would read as part of this run: remove it. Other files
+        // are left alone.
+        for name in OUTPUT_FILES {
+            let stale = out.join(name);
+            if !files.contains(&stale) && stale.is_file() {
+                std::fs::remove_file(&stale)
+                    .with_context(|| format!("--out {}: cannot remove the earlier run's {name}", out.display()))?;
+            }
+        }
         Ok(files)
     }
 }
+
+/// Every file a trace may write into `--out`.
+const OUTPUT_FILES: [&str; 7] = [
+    "summary.json",
+    "stages.folded",
+    "flamegraph.svg",
+    "trace.json",
+    "profile.pb",
+    "pprof-flamegraph.svg",
+    "dhat-heap.json",
+];
 
 impl Drop for Staging {
     fn drop(&mut self) {

@@ -204,3 +204,21 @@ fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
     assert_eq!(summary["consistency"]["not_run"].as_array().map(|a| a.len()), Some(1), "{summary}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_trace_into_an_earlier_traces_directory_leaves_none_of_its_files_behind() {
+    let out = tmp("rerun");
+    let o = out.to_str().unwrap();
+    let base = ["--model", "tiny", "--context-length", "4", "--tokens", "2", "--no-counters", "--out", o];
+    let (code, _, err) = run(&[&base[..], &["--level", "timeline"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("trace.json").is_file());
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    // An aggregate trace writes no timeline: the first run's must not stay beside its summary.
+    let (code, _, err) = run(&[&base[..], &["--level", "aggregate"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("summary.json").is_file());
+    assert!(!out.join("trace.json").exists(), "the earlier run's trace.json is still there");
+    assert!(out.join("notes.txt").is_file(), "files the tool did not write are left alone");
+    let _ = std::fs::remove_dir_all(&out);
+}
