@@ -240,3 +240,25 @@ fn batched_run_decodes_every_sequence_like_a_single_run() {
     let out = bench().args(["run", "--model", "tiny", "--tokens", "1", "--batch", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn run_save_gguf_writes_the_weights_the_sweep_measures() {
+    let dir = std::env::temp_dir().join(format!("bitnet-cli-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tiny.gguf");
+    let out = bench()
+        .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The sweep's and the tracer's default seed.
+    let swept = bitnet_engine::Model::synthetic("tiny", bitnet_engine::WeightFormat::Tq2_0, 42, 1).unwrap();
+    let saved = bitnet_engine::gguf::load_model(&file).unwrap();
+    for (a, b) in swept.weights.layers.iter().zip(&saved.weights.layers) {
+        for (x, y) in a.linears().iter().zip(b.linears()) {
+            assert_eq!(x.unpack(), y.unpack());
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

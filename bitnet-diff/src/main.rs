@@ -176,9 +176,10 @@ fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -
             }
             let med = bitnet_diff::stats::median(&s);
             let c = &x.config;
+            // The model is part of the series: one database may hold runs of several.
             let cfg = format!(
-                "{}/{} B={} ctx={} kv={} t={}",
-                c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
+                "{} {}/{} B={} ctx={} kv={} t={}",
+                c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
             );
             println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
             series.entry(cfg).or_default().push((i as f64, med));

@@ -198,6 +198,9 @@ fn history_database_compares_commits_and_prints_a_trend() {
         run(&["--db", dbs, "--history", "--metric", "decode.tokens_per_sec", "--plot", svg.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().filter(|l| l.starts_with("| ") && l.contains("aaaa1111")).count(), 4, "{out}");
+    // Each row names its model, so runs of two models never read as one series.
+    let model = quiet.results[0].config.model.clone();
+    assert!(out.lines().filter(|l| l.contains("aaaa1111")).all(|l| l.contains(&format!("| {model} "))), "{out}");
     assert!(out.contains("cccc3333"));
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     let (code, _, err) = run(&["--db", dbs, "--base", "dddd", "--head", "aaaa"]);
