@@ -140,7 +140,7 @@ pub fn markdown(r: &Report) -> String {
     o.push_str(&aligned(&rows, " | ", true));
     let _ = writeln!(
         o,
-        "\npp: prefill tokens/s (median); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency; roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of a further run, each step against a probe right after it); kl / top1: KV precision's quality cost against f32 KV."
+        "\npp: prefill tokens/s (median); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency; roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of a further run, each step against a 128 MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV."
     );
     o
 }

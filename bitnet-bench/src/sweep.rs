@@ -444,11 +444,21 @@ impl EngineRunner {
         let source = ModelSource::parse(&spec.model).with_context(|| format!("--model {}", spec.model))?;
         let format = spec.format.or(spec.kernels.first().map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
         let gen_threads = spec.threads.iter().copied().max().unwrap_or(1);
-        let (model, desc) = source
-            .load(format, spec.seed, gen_threads)
-            .with_context(|| format!("--model {} (format {format})", spec.model))?;
-        let fixed = spec.format.is_some() || matches!(source, ModelSource::Gguf(_));
+        let gguf = matches!(source, ModelSource::Gguf(_));
+        let (model, desc) = source.load(format, spec.seed, gen_threads).with_context(|| {
+            if gguf {
+                format!("--model {}", spec.model)
+            } else {
+                format!("--model {} (format {format})", spec.model)
+            }
+        })?;
+        let fixed = spec.format.is_some() || gguf;
         let loaded = model.weights.layers[0].wq.format();
+        if let (true, Some(f)) = (gguf, spec.format) {
+            if f != loaded {
+                bail!("--format {f}: sets a preset's synthetic weights; {} holds {loaded} weights", spec.model);
+            }
+        }
         if model.weights.kernel_family().is_none() {
             let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
             bail!(

@@ -299,6 +299,11 @@ fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
     assert_eq!(code, 2);
     assert!(err.contains("--kernels i2s") && err.contains("use --kernels tq1"), "{err}");
     assert!(!std::path::Path::new(out).exists());
+    // --format sets a preset's weights; asking a file for other weights is an error, not ignored.
+    let (code, _, err) = run(&["--model", model, "--format", "i2", "--quick", "--json-report", out]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--format i2") && err.contains("holds tq1_0 weights"), "{err}");
+    assert!(!std::path::Path::new(out).exists());
     // A file that mixes formats (the fixture: TQ2_0 and TQ1_0 layers) cannot be swept by one
     // kernel, and says so.
     let mixed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bitnet-engine/tests/data/tiny-bitnet.gguf");

@@ -186,6 +186,12 @@ pub(crate) fn load_model(opts: &TraceOptions) -> Result<(Model, String, Kernel)>
     let format = opts.format.or(opts.kernel.map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
     let (model, desc) =
         source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
+    let loaded = model.weights.layers[0].wq.format();
+    if let (ModelSource::Gguf(_), Some(f)) = (&source, opts.format) {
+        if f != loaded {
+            bail!("--format {f}: sets a preset's synthetic weights; {} holds {loaded} weights", opts.model);
+        }
+    }
     let Some(family) = opts.kernel.or(model.weights.kernel_family()) else {
         let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
         bail!(

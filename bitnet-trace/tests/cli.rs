@@ -170,6 +170,12 @@ fn a_gguf_file_is_traced_with_the_kernel_for_its_format_unless_told() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("uniform/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["run"]["kernel"], "tq2", "{summary}");
+    let never = out.join("never");
+    let (code, _, err) =
+        run(&["--model", model.to_str().unwrap(), "--format", "tq1_0", "--out", never.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--format tq1_0") && err.contains("holds tq2_0 weights"), "{err}");
+    assert!(!never.exists());
     // The fixture mixes TQ2_0 and TQ1_0 layers, which one kernel cannot trace: a clear error.
     let mixed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bitnet-engine/tests/data/tiny-bitnet.gguf");
     let (code, _, err) = trace(mixed.to_str().unwrap(), "mixed");
