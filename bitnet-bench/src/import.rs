@@ -5,8 +5,9 @@
 //! text generation (`n_gen > 0`). The tests of one configuration (threads, K type) are paired
 //! into one result per pp test (one per `-p` value): prefill from the pp test (`samples_ts`, and
 //! `samples_ns` as TTFT), decode from the configuration's one tg test (`samples_ts`). A report
-//! holds one model, one `-n` and one `-d`: files with several of any are refused, not merged. Mapping limits, stated in the fields:
-//! `context_length` is the pp test's `n_prompt`, while llama-bench decodes from a cache of
+//! holds one model, one `-n` and one `-d`, and no field for llama-bench's other settings (`-fa`,
+//! `-b`, `-ub`, `-ctv`, ...): files with several of any are refused, not merged. Mapping
+//! limits, stated in the fields: `context_length` is the pp test's `n_prompt`, while llama-bench decodes from a cache of
 //! `n_depth` tokens (0 unless `-d` was given); latency percentiles are over per-run mean token
 //! times (llama-bench keeps no per-token times); the roofline is unknown (0).
 
@@ -39,8 +40,6 @@ pub struct LlamaBenchEntry {
     pub model_size: u64,
     #[serde(default)]
     pub model_n_params: u64,
-    #[serde(default = "one")]
-    pub n_batch: usize,
     pub n_threads: usize,
     #[serde(default)]
     pub type_k: String,
@@ -52,10 +51,24 @@ pub struct LlamaBenchEntry {
     pub test_time: String,
     pub samples_ns: Vec<f64>,
     pub samples_ts: Vec<f64>,
+    /// Every other field: the settings llama-bench can sweep besides those above (`-fa`, `-b`,
+    /// `-ub`, `-ctv`, ...), which tell configurations apart.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
-fn one() -> usize {
-    1
+/// Fields of an entry that describe the test's result, not its configuration.
+const PER_TEST_FIELDS: [&str; 4] = ["avg_ns", "stddev_ns", "avg_ts", "stddev_ts"];
+
+impl LlamaBenchEntry {
+    /// The settings beyond threads, K type and depth, for grouping.
+    fn settings(&self) -> BTreeMap<&str, &serde_json::Value> {
+        self.other
+            .iter()
+            .filter(|(k, _)| !PER_TEST_FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), v))
+            .collect()
+    }
 }
 
 /// Converts llama-bench entries into a report.
@@ -77,10 +90,12 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
     }
     // Tests of one configuration (threads, K type, depth): every pp test (one per -p value) is
     // paired with the one tg test.
-    type Key = (usize, String, usize);
+    /// llama-bench's settings other than threads, K type and depth, by field name.
+    type Knobs<'e> = BTreeMap<&'e str, &'e serde_json::Value>;
+    type Key<'e> = (usize, String, usize, Knobs<'e>);
     /// The pp tests, and the tg tests with their entry index.
     type Tests<'e> = (Vec<&'e LlamaBenchEntry>, Vec<(usize, &'e LlamaBenchEntry)>);
-    let mut groups: BTreeMap<Key, Tests> = BTreeMap::new();
+    let mut groups: Vec<(Key, Tests)> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         if e.samples_ts.is_empty() || e.samples_ts.len() != e.samples_ns.len() {
             bail!("{name}: [{i}].samples_ts: needs one or more samples, as many as samples_ns");
@@ -88,7 +103,14 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         if e.samples_ts.iter().chain(&e.samples_ns).any(|v| !v.is_finite() || *v <= 0.0) {
             bail!("{name}: [{i}]: samples must be positive numbers");
         }
-        let g = groups.entry((e.n_threads, e.type_k.clone(), e.n_depth)).or_default();
+        let key = (e.n_threads, e.type_k.clone(), e.n_depth, e.settings());
+        let g = match groups.iter().position(|(k, _)| *k == key) {
+            Some(at) => &mut groups[at].1,
+            None => {
+                groups.push((key, Tests::default()));
+                &mut groups.last_mut().expect("just pushed").1
+            }
+        };
         match (e.n_prompt > 0, e.n_gen > 0) {
             (true, false) => g.0.push(e),
             (false, true) => g.1.push((i, e)),
@@ -96,7 +118,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         }
     }
     let depths: Vec<usize> =
-        groups.keys().map(|k| k.2).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        groups.iter().map(|(k, _)| k.2).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     if depths.len() > 1 {
         bail!(
             "{name}: tests at several depths (-d {}); a report's configuration has no depth: import one -d at a time",
@@ -104,7 +126,21 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         );
     }
     let mut results = Vec::new();
-    for ((threads, type_k, _), (pps, tgs)) in &groups {
+    // Configurations that would become the same result configuration differ in a setting the
+    // report has no field for.
+    let mut seen: Vec<((usize, &str), &Knobs)> = Vec::new();
+    for ((threads, type_k, _, settings), _) in &groups {
+        if let Some((_, other)) = seen.iter().find(|(k, _)| *k == (*threads, type_k.as_str())) {
+            let differ: std::collections::BTreeSet<&str> =
+                settings.keys().chain(other.keys()).filter(|k| settings.get(*k) != other.get(*k)).copied().collect();
+            bail!(
+                "{name}: tests at {threads} threads differ in {}, which a report's configuration has no field for: import one value at a time",
+                differ.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
+        seen.push(((*threads, type_k.as_str()), settings));
+    }
+    for ((threads, type_k, _, _), (pps, tgs)) in &groups {
         let tg = match tgs[..] {
             [] => continue,
             [(_, tg)] => tg,
@@ -194,7 +230,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         settings: Settings {
             warmup: 1,
             repeat: reps,
-            max_new_tokens: entries.iter().map(|e| e.n_gen).max().unwrap_or(0),
+            // The tg tests' (combined -pg tests are not imported).
+            max_new_tokens: entries.iter().filter(|e| e.n_prompt == 0).map(|e| e.n_gen).max().unwrap_or(0),
             seed: 0,
         },
         roofline: Roofline {
@@ -231,7 +268,6 @@ mod tests {
             model_type: "bitnet ?B TQ2_0 - 2.06 bpw ternary".into(),
             model_size: 1000,
             model_n_params: 10,
-            n_batch: 2048,
             n_threads: threads,
             type_k: "f16".into(),
             n_prompt,
@@ -240,6 +276,7 @@ mod tests {
             test_time: String::new(),
             samples_ns: vec![1e6, 1.1e6],
             samples_ts: vec![ts, ts * 1.1],
+            other: BTreeMap::from([("avg_ts".to_string(), ts.into()), ("flash_attn".to_string(), false.into())]),
         }
     }
 
@@ -291,6 +328,17 @@ mod tests {
         let two_gens = [entry("m", 2, 16, 0, 0, 1.0), entry("m", 2, 0, 4, 0, 1.0), entry("m", 2, 0, 8, 0, 1.0)];
         let err = import(&two_gens, "lb.json").unwrap_err().to_string();
         assert!(err.contains("[1] and [2]") && err.contains("-n"), "{err}");
+        // -fa 0,1: a setting our configuration cannot tell apart.
+        let mut fa = vec![entry("m", 2, 16, 0, 0, 1.0), entry("m", 2, 0, 4, 0, 1.0)];
+        for mut e in [entry("m", 2, 16, 0, 0, 2.0), entry("m", 2, 0, 4, 0, 2.0)] {
+            e.other.insert("flash_attn".into(), true.into());
+            fa.push(e);
+        }
+        let err = import(&fa, "lb.json").unwrap_err().to_string();
+        assert!(err.contains("differ in flash_attn"), "{err}");
+        // A -pg test's generation length is not the report's.
+        let pg = [entry("m", 2, 16, 0, 0, 1.0), entry("m", 2, 0, 4, 0, 1.0), entry("m", 2, 16, 8, 0, 1.0)];
+        assert_eq!(import(&pg, "lb.json").unwrap().settings.max_new_tokens, 4);
         let pg_only = [entry("m", 2, 16, 4, 0, 1.0)];
         let err = import(&pg_only, "lb.json").unwrap_err().to_string();
         assert!(err.contains("-pg"), "{err}");

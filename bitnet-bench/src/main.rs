@@ -509,10 +509,10 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         if d.exists() && !d.is_dir() {
             anyhow::bail!("--plots {}: exists and is not a directory", d.display());
         }
-        // Before the sweep, not after it: the directory (or, if it is yet to be made, its
-        // parent) must take files.
-        let probe = if d.is_dir() { d.join("index.html") } else { d.clone() };
-        model_cmds::check_writable(&probe).with_context(|| format!("--plots {}", d.display()))?;
+        // Before the sweep, not after it: the directory, or the nearest part of its path that
+        // exists (the rest is made when the plots are written), must take files.
+        let existing = d.ancestors().find(|p| p.is_dir()).unwrap_or(std::path::Path::new("."));
+        model_cmds::check_writable(&existing.join("index.html")).with_context(|| format!("--plots {}", d.display()))?;
     }
 
     let quiet = a.quiet;

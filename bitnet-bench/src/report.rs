@@ -360,6 +360,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::model_cmds::write_atomic(path, bytes)
 }
 
+/// What a report's `model.source` says about the weights, without where the file was: a
+/// preset's description as it is (it names the synthetic format and seed), a file by its name
+/// alone, so that one GGUF reached by two paths (or on two machines) is one source.
+pub fn source_identity(source: &str) -> String {
+    for prefix in ["GGUF file ", "llama-bench on "] {
+        if let Some(path) = source.strip_prefix(prefix) {
+            let name = std::path::Path::new(path).file_name().map_or(path.into(), |n| n.to_string_lossy());
+            return format!("{prefix}{name}");
+        }
+    }
+    source.to_string()
+}
+
 /// Merges reports of the same build, model and machine (e.g. interleaved runs of a CI job)
 /// into one: the samples of equal configurations are concatenated and their statistics
 /// recomputed; a configuration present in only some reports keeps the samples it has.
@@ -379,7 +392,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         }
         // Samples pool only if they measured the same weights the same way.
         for (field, a, b) in [
-            ("model.source", &r.model.source, &first.model.source),
+            ("model.source", &source_identity(&r.model.source), &source_identity(&first.model.source)),
             ("model.weight_format", &r.model.weight_format, &first.model.weight_format),
         ] {
             if a != b {
@@ -464,11 +477,12 @@ mod merge_tests {
     #[test]
     fn reports_of_other_weights_or_settings_are_refused() {
         type Edit = fn(&mut Report);
-        let cases: [(&str, Edit); 5] = [
+        let cases: [(&str, Edit); 6] = [
             ("settings.seed", |r| r.settings.seed += 1),
             ("settings.warmup", |r| r.settings.warmup += 1),
             ("settings.max_new_tokens", |r| r.settings.max_new_tokens += 1),
             ("model.source", |r| r.model.source = "GGUF file m.gguf".into()),
+            ("model.weight_format", |r| r.model.weight_format = "tq1_0".into()),
             ("model.weight_bytes", |r| r.model.weight_bytes += 1),
         ];
         for (field, edit) in cases {
@@ -477,6 +491,11 @@ mod merge_tests {
             let err = merge(&[("a.json".into(), baseline()), ("b.json".into(), b)]).unwrap_err().to_string();
             assert!(err.starts_with("b.json: ") && err.contains(field), "{field}: {err}");
         }
+        // One GGUF file by two paths is one source.
+        let (mut a, mut b) = (baseline(), baseline());
+        a.model.source = "GGUF file /data/m.gguf".into();
+        b.model.source = "GGUF file ./m.gguf".into();
+        merge(&[("a.json".into(), a), ("b.json".into(), b)]).unwrap();
         let mut other = baseline();
         other.tool.git_commit = None;
         let err = merge(&[("a.json".into(), baseline()), ("b.json".into(), other)]).unwrap_err().to_string();

@@ -33,7 +33,8 @@ pub struct SweepSpec {
     pub kv_precisions: Vec<KvPrecision>,
     pub threads: Vec<usize>,
     /// Empty: the family made for the model's weights (a GGUF file's format; a preset's
-    /// `format`, else I2_S), which [`EngineRunner::load`] fills in.
+    /// `format`, else I2_S), which [`EngineRunner::load`] picks ([`EngineRunner::kernels`]);
+    /// [`run_sweep`] needs the list filled in.
     pub kernels: Vec<KernelFamily>,
     pub isa: Option<IsaLevel>,
     pub max_new_tokens: usize,
@@ -146,6 +147,9 @@ pub trait Runner {
 
 /// Every combination, in a stable order (kernel, threads, KV, context, batch).
 pub fn combos(spec: &SweepSpec) -> Result<Vec<Combo>> {
+    if spec.kernels.is_empty() {
+        bail!("--kernels: no kernel family to sweep (EngineRunner::kernels gives the one for the model)");
+    }
     let mut v = Vec::new();
     for &family in &spec.kernels {
         let isa = match spec.isa {

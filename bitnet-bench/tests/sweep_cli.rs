@@ -119,7 +119,7 @@ fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
         (vec!["--model", "/nonexistent/x.gguf"], "/nonexistent/x.gguf"),
         (vec!["--model", "tiny", "--batch-sizes", "2000000", "--context-lengths", "200"], "available"),
         // Checked before the sweep runs, so nothing is written either.
-        (vec!["--model", "tiny", "--plots", "/nonexistent/dir/plots"], "--plots /nonexistent/dir/plots"),
+        (vec!["--model", "tiny", "--plots", "/proc/plots/p"], "--plots /proc/plots/p"),
     ];
     for (mut args, needle) in cases {
         args.extend(["--json-report", o, "--quick", "--quiet"]);

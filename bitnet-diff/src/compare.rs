@@ -252,7 +252,8 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     diff("model", a.model.name.clone(), b.model.name.clone());
     // One name covers a preset's synthetic weights and a GGUF file of the same shapes, whose
     // LM heads (and so bytes per token) differ.
-    diff("model source", a.model.source.clone(), b.model.source.clone());
+    let source = |r: &Report| bitnet_bench::report::source_identity(&r.model.source);
+    diff("model source", source(a), source(b));
     diff("weight format", a.model.weight_format.clone(), b.model.weight_format.clone());
     diff("weight bytes", a.model.weight_bytes.to_string(), b.model.weight_bytes.to_string());
     diff("schema version", a.schema_version.to_string(), b.schema_version.to_string());

@@ -176,9 +176,13 @@ fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -
             }
             let med = bitnet_diff::stats::median(&s);
             let c = &x.config;
-            // The model is part of the series: one database may hold runs of several.
+            // The model and where its weights came from (a preset, or a file by name) are part
+            // of the series: one database may hold runs of several, and a preset and a GGUF
+            // file of its shapes share a model name.
+            let source = bitnet_bench::report::source_identity(&r.report.model.source);
+            let from = source.rsplit_once(' ').filter(|_| !source.starts_with("preset")).map_or("preset", |(_, f)| f);
             let cfg = format!(
-                "{} {}/{} B={} ctx={} kv={} t={}",
+                "{} [{from}] {}/{} B={} ctx={} kv={} t={}",
                 c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
             );
             println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);

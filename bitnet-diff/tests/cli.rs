@@ -188,6 +188,11 @@ fn history_database_compares_commits_and_prints_a_trend() {
         }
         bitnet_bench::history::append(&db, &r).unwrap();
     }
+    // The same model name from a GGUF file: its own series.
+    let mut g = quiet.clone();
+    g.tool.git_commit = Some("eeee5555".into());
+    g.model.source = "GGUF file /x/m.gguf".into();
+    bitnet_bench::history::append(&db, &g).unwrap();
     let dbs = db.to_str().unwrap();
     let (code, out, err) =
         run(&["--db", dbs, "--base", "aaaa", "--head", "bbbb2222", "--metrics", "decode.tokens_per_sec"]);
@@ -198,9 +203,18 @@ fn history_database_compares_commits_and_prints_a_trend() {
         run(&["--db", dbs, "--history", "--metric", "decode.tokens_per_sec", "--plot", svg.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().filter(|l| l.starts_with("| ") && l.contains("aaaa1111")).count(), 4, "{out}");
-    // Each row names its model, so runs of two models never read as one series.
+    // Each row names its model and where the weights came from, so runs of two models, or of
+    // a preset and a GGUF file of one name, never read as one series.
     let model = quiet.results[0].config.model.clone();
-    assert!(out.lines().filter(|l| l.contains("aaaa1111")).all(|l| l.contains(&format!("| {model} "))), "{out}");
+    assert!(
+        out.lines().filter(|l| l.contains("aaaa1111")).all(|l| l.contains(&format!("| {model} [preset] "))),
+        "{out}"
+    );
+    assert!(
+        out.lines().filter(|l| l.contains("eeee5555")).all(|l| l.contains(&format!("| {model} [m.gguf] "))),
+        "{out}"
+    );
+    assert!(out.contains("eeee5555"), "{out}");
     assert!(out.contains("cccc3333"));
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     let (code, _, err) = run(&["--db", dbs, "--base", "dddd", "--head", "aaaa"]);

@@ -66,7 +66,8 @@ struct TraceArgs {
     /// or a GGUF file.
     #[arg(long, default_value = "bitnet-b1.58-2b-4t")]
     model: String,
-    /// Weight format of a preset's synthetic weights (default: the kernel's own format).
+    /// Weight format of a preset's synthetic weights (default: the --kernel's own format, else
+    /// i2).
     #[arg(long)]
     format: Option<WeightFormat>,
     /// Sequences decoded in lock-step.
@@ -191,7 +192,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     let failed = outcome.summary.consistency.failures.len();
     if failed > 0 {
-        eprintln!("bitnet-trace: {failed} consistency check(s) failed (see CHECK FAILED above)");
+        for f in &outcome.summary.consistency.failures {
+            eprintln!("bitnet-trace: CHECK FAILED: {f}");
+        }
         if strict {
             // The files are written (they show what went wrong); the exit code tells CI.
             return Ok(ExitCode::from(1));

@@ -108,6 +108,10 @@ impl Staging {
     }
 
     fn commit(&self, out: &Path) -> Result<Vec<PathBuf>> {
+        let earlier_trace = std::fs::read(out.join("summary.json")).ok().is_some_and(|b| {
+            serde_json::from_slice::<serde_json::Value>(&b)
+                .is_ok_and(|v| v["tool"].as_str().is_some_and(|t| t.starts_with("bitnet-trace ")))
+        });
         std::fs::create_dir_all(out)
             .with_context(|| format!("--out {}: cannot create the directory", out.display()))?;
         let mut files = Vec::new();
@@ -119,9 +123,10 @@ impl Staging {
             files.push(dst);
         }
         // A file an earlier trace wrote into `out` that this one did not (its profile.pb, say,
-        // beside a new summary.json) would read as part of this run: remove it. Other files
-        // are left alone.
-        for name in OUTPUT_FILES {
+        // beside a new summary.json) would read as part of this run: remove it, if `out` held
+        // an earlier trace (its summary.json, overwritten above, was bitnet-trace's). Other
+        // files, and any file of a directory that held no trace, are left alone.
+        for name in OUTPUT_FILES.iter().filter(|_| earlier_trace) {
             let stale = out.join(name);
             if !files.contains(&stale) && stale.is_file() {
                 std::fs::remove_file(&stale)
@@ -405,7 +410,9 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
                 s.samples
             ));
         }
-        PprofCheck { samples: s.samples, ok: s.samples >= PPROF_MIN_SAMPLES && rows.iter().all(|r| r.ok), rows }
+        // `ok` is about failures: a check that could not run (too few samples, no rows) is
+        // listed in `not_run`, not failed.
+        PprofCheck { samples: s.samples, ok: rows.iter().all(|r| r.ok), rows }
     });
     let isolated =
         if counters.is_some() { crate::counters::isolated_stages(&model, kernel, opts.batch) } else { Vec::new() };

@@ -96,7 +96,7 @@ pub struct Consistency {
     pub difference_pct: f64,
     pub wall_ok: bool,
     pub pprof: Option<PprofCheck>,
-    /// Plain statements of every failed check (the run exits 1 when there are any).
+    /// Plain statements of every failed check (with `--strict-checks` the run then exits 1).
     pub failures: Vec<String>,
     /// Checks that could not run and why (too few pprof samples); not failures.
     #[serde(default)]
@@ -164,7 +164,9 @@ pub fn stage_rows(spans: &Spans, phase: Phase, wall_ms: f64) -> Vec<StageRow> {
         let bytes: u64 = sel.iter().map(|t| t.bytes).sum();
         // The stage's wall time is its busiest thread's: the whole of it for a stage only the
         // caller runs (embed, kv_write), about ns / threads for one split across all threads.
-        // Dividing every stage by the thread count had doubled the serial stages' GB/s.
+        // Dividing every stage by the thread count had doubled the serial stages' GB/s. Where
+        // the slowest thread changes from call to call, the sum of the calls' slowest times is
+        // a little more than this, so the figure is a slight overestimate.
         let mut per_thread = BTreeMap::new();
         for t in &sel {
             *per_thread.entry(t.thread).or_insert(0.0) += t.ns;

@@ -204,9 +204,10 @@ fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("check not run: pprof took only"), "{stdout}");
-    assert!(!stdout.contains("CHECK FAILED"), "{stdout}");
+    // (The wall-time check may fail on a busy machine; the pprof one must not.)
+    assert!(!stdout.lines().any(|l| l.starts_with("CHECK FAILED") && l.contains("pprof")), "{stdout}");
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["consistency"]["failures"], serde_json::json!([]), "{summary}");
+    assert_eq!(summary["consistency"]["pprof"]["ok"], true, "not run is not failed: {summary}");
     assert_eq!(summary["consistency"]["not_run"].as_array().map(|a| a.len()), Some(1), "{summary}");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -226,5 +227,14 @@ fn a_trace_into_an_earlier_traces_directory_leaves_none_of_its_files_behind() {
     assert!(out.join("summary.json").is_file());
     assert!(!out.join("trace.json").exists(), "the earlier run's trace.json is still there");
     assert!(out.join("notes.txt").is_file(), "files the tool did not write are left alone");
+    // A directory that held no trace keeps even files with a trace's names.
+    let user = tmp("rerun-user");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("trace.json"), "{}").unwrap();
+    let u = user.to_str().unwrap();
+    let (code, _, err) = run(&[&base[..7], &["--out", u, "--level", "aggregate"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(user.join("trace.json")).unwrap(), "{}");
+    let _ = std::fs::remove_dir_all(&user);
     let _ = std::fs::remove_dir_all(&out);
 }
