@@ -463,19 +463,9 @@ impl EngineRunner {
                 bail!("--format {f}: sets a preset's synthetic weights; {} holds {loaded} weights", spec.model);
             }
         }
-        if model.weights.kernel_family().is_none() {
-            let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
-            bail!(
-                "--model {}: its linear layers mix {} weights, and a sweep runs one kernel family over every layer \
-                 (`bitnet-bench run` gives each layer the kernel for its own format)",
-                spec.model,
-                mixed.join(" and ")
-            );
-        }
-        let kernels = match &spec.kernels[..] {
-            [] => vec![Kernel::best_for(loaded).family()],
-            given => given.to_vec(),
-        };
+        // A sweep runs one kernel family over every layer.
+        let family = model.weights.kernel_family().with_context(|| format!("--model {}", spec.model))?;
+        let kernels = if spec.kernels.is_empty() { vec![family] } else { spec.kernels.clone() };
         let mut formats: Vec<WeightFormat> = Vec::new();
         for k in &kernels {
             let f = if fixed { loaded } else { k.native_format() };

@@ -197,14 +197,9 @@ pub(crate) fn load_model(opts: &TraceOptions) -> Result<(Model, String, Kernel)>
             bail!("--format {f}: sets a preset's synthetic weights; {} holds {loaded} weights", opts.model);
         }
     }
-    let Some(family) = opts.kernel.or(model.weights.kernel_family()) else {
-        let mixed: Vec<&str> = model.weights.linear_formats().iter().map(|f| f.name()).collect();
-        bail!(
-            "--model {}: its linear layers mix {} weights, and a trace runs one kernel family over every \
-             layer (`bitnet-bench run` gives each layer the kernel for its own format)",
-            opts.model,
-            mixed.join(" and ")
-        );
+    let family = match opts.kernel {
+        Some(k) => k,
+        None => model.weights.kernel_family().with_context(|| format!("--model {}", opts.model))?,
     };
     let kernel = kernel_for(opts, family)?;
     Ok((model, desc, kernel))

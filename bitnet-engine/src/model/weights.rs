@@ -1,7 +1,7 @@
 //! Model weights: ternary linear layers in a packed format, f32 norms, int8 embedding/LM head.
 //! Synthetic weights are generated deterministically from a seed.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
 use crate::kernels::{Kernel, KernelFamily};
 use crate::model::config::ModelConfig;
@@ -107,12 +107,16 @@ impl Weights {
     }
 
     /// The kernel family tools run by default: the best one for the linear layers' format, or
-    /// `None` when they mix formats (each layer then needs its own, which
-    /// [`StateOptions::kernel`](crate::StateOptions) left unset gives).
-    pub fn kernel_family(&self) -> Option<KernelFamily> {
-        match self.linear_formats()[..] {
-            [f] => Some(Kernel::best_for(f).family()),
-            _ => None,
+    /// an error naming the formats when they mix them (each layer then needs its own kernel,
+    /// which [`StateOptions::kernel`](crate::StateOptions) left unset gives).
+    pub fn kernel_family(&self) -> Result<KernelFamily> {
+        match &self.linear_formats()[..] {
+            [f] => Ok(Kernel::best_for(*f).family()),
+            mixed => Err(Error::Unsupported(format!(
+                "its linear layers mix {} weights, and one kernel family cannot run every layer \
+                 (`bitnet-bench run` gives each layer the kernel for its own format)",
+                mixed.iter().map(|f| f.name()).collect::<Vec<_>>().join(" and ")
+            ))),
         }
     }
 
