@@ -561,10 +561,7 @@ fn params(m: &Model) -> u64 {
 
 impl Runner for EngineRunner {
     fn model_info(&self) -> ModelInfo {
-        let w = &self.model.weights;
-        let bytes = w.linear_bytes()
-            + w.token_embd.byte_len()
-            + if self.model.config.tied_embeddings { 0 } else { w.lm_head().byte_len() };
+        let bytes = self.model.weights.total_bytes();
         ModelInfo {
             name: self.model.config.name.clone(),
             source: self.source.clone(),

@@ -289,6 +289,21 @@ fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
     assert!(err.contains("kernels [\"tq1\"]"), "the header names the kernel it chose: {err}");
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap();
     assert_eq!(r["model"]["weight_format"], "tq1_0");
+    // Weight bytes are every tensor as held in memory, norms included: the file's tensor bytes
+    // (`inspect`'s total) with its F16 embedding as the int8 rows the engine keeps (a scale
+    // per row).
+    let (code, json, err) = run(&["inspect", model, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let inspect: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let tensors = inspect["tensors"].as_array().unwrap();
+    let embd = tensors.iter().find(|t| t["name"] == "token_embd.weight").unwrap();
+    assert_eq!(embd["type"], "F16");
+    let (vocab, hidden) = (embd["shape"][0].as_u64().unwrap(), embd["shape"][1].as_u64().unwrap());
+    let in_memory =
+        inspect["total_weight_bytes"].as_u64().unwrap() - embd["bytes"].as_u64().unwrap() + vocab * (hidden + 4);
+    assert!(tensors.iter().any(|t| t["type"] == "F32"), "the file has norms");
+    assert_eq!(r["model"]["weight_bytes"], in_memory);
+    assert_eq!(r["results"][0]["memory"]["weight_bytes"], in_memory);
     let kernels: Vec<&str> =
         r["results"].as_array().unwrap().iter().map(|x| x["config"]["kernel"].as_str().unwrap()).collect();
     assert_eq!(kernels, ["tq1", "tq1"]);

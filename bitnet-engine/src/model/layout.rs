@@ -99,6 +99,7 @@ mod tests {
                 if matches!(format, WeightFormat::I2 | WeightFormat::BitPlanes) { 4 * 7 * cfg.layers } else { 0 };
             assert_eq!(linear, w.linear_bytes() + scales, "{format}");
             assert_eq!(bytes_read_per_token(&cfg, &layout), w.bytes_read_per_token() + scales, "{format}");
+            assert_eq!(layout.iter().map(|t| t.bytes).sum::<usize>(), w.total_bytes(), "{format}");
             assert_eq!(layout.iter().filter(|t| t.name.starts_with("blk.0.")).count(), 11);
         }
     }

@@ -134,17 +134,41 @@ impl Weights {
     /// Bytes a decode step reads: every linear weight, the LM head and the norms (the
     /// embedding lookup reads one row; the KV cache is counted separately).
     pub fn bytes_read_per_token(&self) -> usize {
-        let norms: usize = self
+        self.linear_bytes() + self.lm_head().byte_len() + self.norm_bytes()
+    }
+
+    /// Bytes of every weight as held in memory: linear layers (with the f32 tensor scale of the
+    /// I2 and bit-plane formats), embedding, a separate LM head and the f32 norms. This is the
+    /// [`tensor_layout`](crate::model::tensor_layout) total, and for a GGUF file its tensor
+    /// bytes as llama-bench's `model_size` counts them (the optional one-element projection
+    /// scales aside).
+    pub fn total_bytes(&self) -> usize {
+        let tensor_scales = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .filter(|w| matches!(w.format(), WeightFormat::I2 | WeightFormat::BitPlanes))
+            .count();
+        self.linear_bytes()
+            + 4 * tensor_scales
+            + self.token_embd.byte_len()
+            + self.lm_head.as_ref().map_or(0, |h| h.byte_len())
+            + self.norm_bytes()
+    }
+
+    /// Bytes of the f32 norm vectors.
+    fn norm_bytes(&self) -> usize {
+        let layers: usize = self
             .layers
             .iter()
             .map(|l| {
-                4 * (l.attn_norm.len()
+                l.attn_norm.len()
                     + l.ffn_norm.len()
                     + l.attn_sub_norm.as_ref().map_or(0, |v| v.len())
-                    + l.ffn_sub_norm.as_ref().map_or(0, |v| v.len()))
+                    + l.ffn_sub_norm.as_ref().map_or(0, |v| v.len())
             })
             .sum();
-        self.linear_bytes() + self.lm_head().byte_len() + norms + 4 * self.output_norm.len()
+        4 * (layers + self.output_norm.len())
     }
 
     /// Deterministic synthetic weights with the shapes of `cfg`: ternary linear layers with
