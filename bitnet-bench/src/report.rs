@@ -364,13 +364,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// preset's description as it is (it names the synthetic format and seed), a file by its name
 /// alone, so that one GGUF reached by two paths (or on two machines) is one source.
 pub fn source_identity(source: &str) -> String {
-    for prefix in ["GGUF file ", "llama-bench on "] {
+    for prefix in SOURCE_FILE_PREFIXES {
         if let Some(path) = source.strip_prefix(prefix) {
-            let name = std::path::Path::new(path).file_name().map_or(path.into(), |n| n.to_string_lossy());
-            return format!("{prefix}{name}");
+            return format!("{prefix}{}", file_name(path));
         }
     }
     source.to_string()
+}
+
+/// How `model.source` names a GGUF file: ours, and an imported llama-bench run's.
+const SOURCE_FILE_PREFIXES: [&str; 2] = ["GGUF file ", "llama-bench on "];
+
+fn file_name(path: &str) -> String {
+    std::path::Path::new(path).file_name().map_or(path.into(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The name of the GGUF file a report's `model.source` ran (ours or llama-bench's), without
+/// its directory; `None` for a preset. Reports of two tools on one file share it.
+pub fn source_gguf_name(source: &str) -> Option<String> {
+    SOURCE_FILE_PREFIXES.iter().find_map(|p| source.strip_prefix(p)).map(file_name)
 }
 
 /// Merges reports of the same build, model and machine (e.g. interleaved runs of a CI job)

@@ -124,7 +124,11 @@ pub struct MetricDiff {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConfigDiff {
+    /// The configuration (NEW's, when the reports come from different tools).
     pub config: Config,
+    /// BASE's configuration paired with it when the reports come from different tools (see
+    /// [`across_tools`]); null when it is `config` itself.
+    pub base_config: Option<Config>,
     pub metrics: Vec<MetricDiff>,
 }
 
@@ -162,6 +166,9 @@ pub struct Comparison {
     pub added: Vec<Config>,
     pub removed: Vec<Config>,
     pub env_warnings: Vec<String>,
+    /// How the reports were paired when they come from different tools, and what that leaves
+    /// unlike (e.g. llama-bench's tg test decoding from an empty cache); empty otherwise.
+    pub notes: Vec<String>,
     /// Metrics of paired configurations that could not be compared, and why (missing, zero or
     /// negative samples: a ratio of them means nothing).
     pub not_compared: Vec<String>,
@@ -217,8 +224,21 @@ pub fn decide(
     (d, lo, hi, Some(p), verdict, note)
 }
 
-/// Which environment differences make two reports hard to compare.
+/// Whether two reports come from different tools: an imported `llama-bench` report beside one
+/// of ours. Their kernel, ISA and model labels never match (`llama.cpp`/`cpu` and llama.cpp's
+/// model description against ours), so their configurations pair by batch, context length, KV
+/// precision and threads alone ([`compare`]).
+pub fn across_tools(a: &Report, b: &Report) -> bool {
+    a.tool.name != b.tool.name
+}
+
+/// Which environment differences make two reports hard to compare. Fields a report does not
+/// know (an imported llama-bench report has no ISA list, core counts or caches) are skipped.
+/// Across tools the model names are not compared (each tool names a model its own way), nor
+/// the weight bytes (llama-bench counts the file's tensors, bitnet-bench the weights as it
+/// holds them, e.g. an F16 embedding as int8 rows); the GGUF file name and weight format are.
 pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
+    let across = across_tools(a, b);
     let mut w = Vec::new();
     let mut diff = |what: &str, x: String, y: String| {
         if x != y {
@@ -246,16 +266,34 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         };
         diff("CPU feature list", features(a), features(b));
     }
-    diff("physical cores", a.system.physical_cores.to_string(), b.system.physical_cores.to_string());
-    diff("logical CPUs", a.system.logical_cpus.to_string(), b.system.logical_cpus.to_string());
-    diff("ISA", a.system.isa.join(","), b.system.isa.join(","));
-    diff("model", a.model.name.clone(), b.model.name.clone());
-    // One name covers a preset's synthetic weights and a GGUF file of the same shapes, whose
-    // LM heads (and so bytes per token) differ.
-    let source = |r: &Report| bitnet_bench::report::source_identity(&r.model.source);
-    diff("model source", source(a), source(b));
+    for (what, x, y) in [
+        ("physical cores", a.system.physical_cores, b.system.physical_cores),
+        ("logical CPUs", a.system.logical_cpus, b.system.logical_cpus),
+    ] {
+        if x > 0 && y > 0 {
+            diff(what, x.to_string(), y.to_string());
+        }
+    }
+    if !a.system.isa.is_empty() && !b.system.isa.is_empty() {
+        diff("ISA", a.system.isa.join(","), b.system.isa.join(","));
+    }
+    if across {
+        let file = |r: &Report| {
+            bitnet_bench::report::source_gguf_name(&r.model.source)
+                .unwrap_or_else(|| format!("{} (not a GGUF file)", r.model.source))
+        };
+        diff("model file", file(a), file(b));
+    } else {
+        diff("model", a.model.name.clone(), b.model.name.clone());
+        // One name covers a preset's synthetic weights and a GGUF file of the same shapes,
+        // whose LM heads (and so bytes per token) differ.
+        let source = |r: &Report| bitnet_bench::report::source_identity(&r.model.source);
+        diff("model source", source(a), source(b));
+    }
     diff("weight format", a.model.weight_format.clone(), b.model.weight_format.clone());
-    diff("weight bytes", a.model.weight_bytes.to_string(), b.model.weight_bytes.to_string());
+    if !across {
+        diff("weight bytes", a.model.weight_bytes.to_string(), b.model.weight_bytes.to_string());
+    }
     diff("schema version", a.schema_version.to_string(), b.schema_version.to_string());
     let threads = |r: &Report| {
         let mut t: Vec<usize> = r.results.iter().map(|x| x.config.threads).collect();
@@ -265,6 +303,59 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     };
     diff("thread counts", threads(a), threads(b));
     w
+}
+
+/// What pairs two configurations: all of it, or across tools ([`across_tools`]) all but the
+/// model, kernel and ISA labels.
+fn pair_key(c: &Config, across: bool) -> Config {
+    if across {
+        Config { model: String::new(), kernel: String::new(), isa: String::new(), ..c.clone() }
+    } else {
+        c.clone()
+    }
+}
+
+/// A report's results by [`pair_key`]. Across tools two configurations of one report may share
+/// a key (two kernels of ours at one setting); pairing would then pick one silently, so that
+/// is an error naming both.
+fn index(r: &Report, name: &str, other: Option<&Report>) -> Result<BTreeMap<Config, BenchResult>> {
+    let across = other.is_some();
+    let mut m: BTreeMap<Config, BenchResult> = BTreeMap::new();
+    for x in &r.results {
+        if let Some(prev) = m.insert(pair_key(&x.config, across), x.clone()) {
+            bail!(
+                "{name}: {} and {} have the same batch, context length, KV precision and threads; against a {} report configurations pair by those alone, so each may occur once (run bitnet-bench with one --kernels)",
+                crate::render::cfg(&prev.config),
+                crate::render::cfg(&x.config),
+                other.map_or("", |o| o.tool.name.as_str())
+            );
+        }
+    }
+    Ok(m)
+}
+
+/// The notes of a comparison across tools: how it paired and what stays unlike.
+fn across_notes(base: &Report, new: &Report) -> Vec<String> {
+    let labels = |r: &Report| {
+        let mut l: Vec<String> =
+            r.results.iter().map(|x| format!("{} {}/{}", x.config.model, x.config.kernel, x.config.isa)).collect();
+        l.sort();
+        l.dedup();
+        l.join(", ")
+    };
+    let mut notes = vec![format!(
+        "across tools: {} ({}) against {} ({}), paired by batch, context length, KV precision and threads",
+        base.tool.name,
+        labels(base),
+        new.tool.name,
+        labels(new)
+    )];
+    if [base, new].iter().any(|r| r.tool.name == "llama-bench") {
+        notes.push(
+            "decode: llama-bench's tg test decodes from a cache of its -d depth (0 by default), bitnet-bench after a prompt of the context length, so at long contexts ours also pays attention over the prompt; prefill and TTFT are like for like".into(),
+        );
+    }
+    notes
 }
 
 /// Compares NEW against BASE on `metric_names`.
@@ -295,17 +386,16 @@ pub fn compare(
             bail!("{name}: $.results is empty: nothing to compare");
         }
     }
-    let index = |r: &Report| -> BTreeMap<Config, BenchResult> {
-        r.results.iter().map(|x| (x.config.clone(), x.clone())).collect()
-    };
-    let (bi, ni) = (index(base), index(new));
-    let added: Vec<Config> = ni.keys().filter(|c| !bi.contains_key(*c)).cloned().collect();
-    let removed: Vec<Config> = bi.keys().filter(|c| !ni.contains_key(*c)).cloned().collect();
+    let across = across_tools(base, new);
+    let (bi, ni) = (index(base, names.0, across.then_some(new))?, index(new, names.1, across.then_some(base))?);
+    let added: Vec<Config> = ni.iter().filter(|(k, _)| !bi.contains_key(*k)).map(|(_, x)| x.config.clone()).collect();
+    let removed: Vec<Config> = bi.iter().filter(|(k, _)| !ni.contains_key(*k)).map(|(_, x)| x.config.clone()).collect();
     let mut pairs = Vec::new();
     let mut counts = Counts::default();
     let mut not_compared = Vec::new();
-    for (cfg, b) in &bi {
-        let Some(n) = ni.get(cfg) else { continue };
+    for (key, b) in &bi {
+        let Some(n) = ni.get(key) else { continue };
+        let cfg = &n.config;
         let mut ms = Vec::new();
         for m in &chosen {
             let (sb, sn) = ((m.samples)(b).unwrap_or_default(), (m.samples)(n).unwrap_or_default());
@@ -347,15 +437,17 @@ pub fn compare(
                 note,
             });
         }
-        pairs.push(ConfigDiff { config: cfg.clone(), metrics: ms });
+        let base_config = (b.config != n.config).then(|| b.config.clone());
+        pairs.push(ConfigDiff { config: cfg.clone(), base_config, metrics: ms });
     }
     if pairs.is_empty() {
         bail!(
-            "{} and {}: no configuration in common ({} only in the first, {} only in the second)",
+            "{} and {}: no configuration in common ({} only in the first, {} only in the second{})",
             names.0,
             names.1,
             removed.len(),
-            added.len()
+            added.len(),
+            if across { "; across tools they pair by batch, context length, KV precision and threads" } else { "" }
         );
     }
     Ok(Comparison {
@@ -368,6 +460,7 @@ pub fn compare(
         added,
         removed,
         env_warnings: environment_differences(base, new),
+        notes: if across { across_notes(base, new) } else { Vec::new() },
         not_compared,
     })
 }

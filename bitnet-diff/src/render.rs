@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use bitnet_bench::report::Config;
 
-use crate::compare::{Comparison, MetricDiff};
+use crate::compare::{Comparison, ConfigDiff, MetricDiff};
 
 pub(crate) fn cfg(c: &Config) -> String {
     format!(
@@ -18,9 +18,24 @@ fn pct(x: f64) -> String {
     format!("{:+.1}%", x * 100.0)
 }
 
-fn row(c: &Config, m: &MetricDiff) -> [String; 8] {
+/// A pair's label: its configuration, and across tools which kernel of the base it faces
+/// (the base's model is named in the notes).
+fn pair_label(p: &ConfigDiff) -> String {
+    match &p.base_config {
+        Some(b) => {
+            let c = &p.config;
+            format!(
+                "{} {}/{} vs {}/{} B={} ctx={} kv={} t={}",
+                c.model, c.kernel, c.isa, b.kernel, b.isa, c.batch, c.context_length, c.kv_precision, c.threads
+            )
+        }
+        None => cfg(&p.config),
+    }
+}
+
+fn row(label: &str, m: &MetricDiff) -> [String; 8] {
     [
-        cfg(c),
+        label.to_string(),
         m.metric.clone(),
         format!("{:.4}", m.base_median),
         format!("{:.4}", m.new_median),
@@ -38,7 +53,7 @@ const HEAD: [&str; 8] = ["configuration", "metric", "base", "new", "change", "95
 
 fn table(c: &Comparison) -> String {
     let rows: Vec<[String; 8]> =
-        c.pairs.iter().flat_map(|p| p.metrics.iter().map(move |m| row(&p.config, m))).collect();
+        c.pairs.iter().flat_map(|p| p.metrics.iter().map(move |m| row(&pair_label(p), m))).collect();
     let mut w = HEAD.map(str::len);
     for r in &rows {
         for (i, x) in r.iter().enumerate() {
@@ -71,6 +86,9 @@ fn footer(c: &Comparison, o: &mut String, md: bool) {
         for x in &c.removed {
             let _ = writeln!(o, "{bullet}{}", cfg(x));
         }
+    }
+    for n in &c.notes {
+        let _ = writeln!(o, "\nnote: {n}");
     }
     for w in &c.env_warnings {
         let _ = writeln!(o, "\nwarning: {w}");
