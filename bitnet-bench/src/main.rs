@@ -126,6 +126,19 @@ enum Command {
         #[arg(long = "json-report", required = true)]
         json_report: PathBuf,
     },
+    /// Show reports side by side: one table (and --markdown, --csv, --plots) over all their
+    /// results, e.g. ours beside an imported llama-bench run on the same GGUF.
+    Show {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Write SVG charts and index.html into this directory
+        #[arg(long)]
+        plots: Option<PathBuf>,
+    },
     /// Convert llama.cpp's `llama-bench -o json` output into our report format.
     ImportLlamaBench {
         file: PathBuf,
@@ -305,6 +318,29 @@ fn run(cli: Cli) -> Result<()> {
             let merged = report::merge(&reports)?;
             report::write_atomic(&json_report, (serde_json::to_string_pretty(&merged)? + "\n").as_bytes())?;
             eprintln!("bitnet-bench: merged {} reports into {}", files.len(), json_report.display());
+            return Ok(());
+        }
+        Some(Command::Show { files, markdown, csv, plots }) => {
+            let reports = files
+                .iter()
+                .map(|f| report::load(f).map(|r| (f.display().to_string(), r)))
+                .collect::<Result<Vec<_>>>()?;
+            let (all, headers) = output::side_by_side(&reports)?;
+            let mut models: Vec<&str> = reports.iter().map(|(_, r)| r.model.name.as_str()).collect();
+            models.dedup();
+            let title = models.join(" / ");
+            println!("{}", output::table_with(&headers, &all));
+            if let Some(p) = &csv {
+                report::write_atomic(p, output::csv(&all).as_bytes())
+                    .with_context(|| format!("--csv {}", p.display()))?;
+            }
+            if let Some(p) = &markdown {
+                report::write_atomic(p, output::markdown_with(&title, &headers, &all).as_bytes())
+                    .with_context(|| format!("--markdown {}", p.display()))?;
+            }
+            if let Some(d) = &plots {
+                bitnet_bench::plots::write_all_with(&title, &headers, &all, d)?;
+            }
             return Ok(());
         }
         Some(Command::ImportLlamaBench { file, json_report }) => {

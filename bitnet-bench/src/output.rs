@@ -42,7 +42,7 @@ fn row(r: &BenchResult) -> [String; 16] {
         format!("{:.2}", (tg.ci95_high - tg.ci95_low) / 2.0),
         format!("{:.2}", r.decode.latency_ms.p50),
         format!("{:.2}", r.decode.latency_ms.p99),
-        format!("{:.0}%", r.decode.roofline_fraction * 100.0),
+        roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
         format!("{:.1}", r.memory.kv_cache_bytes as f64 / 1048576.0),
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
     ]
@@ -125,18 +125,36 @@ fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {
     o
 }
 
+/// A result's roofline fraction, `None` where it is unknown (an imported llama-bench result
+/// has no bytes per step): printed as "-", not as 0%.
+pub fn roofline_known(r: &BenchResult) -> Option<f64> {
+    (r.decode.bytes_per_step > 0).then_some(r.decode.roofline_fraction)
+}
+
 /// The terminal table.
 pub fn table(r: &Report) -> String {
+    table_with(&[header(r)], r)
+}
+
+/// The terminal table under `headers` (one line per report shown, see [`side_by_side`]).
+pub fn table_with(headers: &[String], r: &Report) -> String {
     let rows: Vec<_> = r.results.iter().map(row).collect();
-    format!("{}\n\n{}", header(r), aligned(&rows, " | ", true))
+    format!("{}\n\n{}", headers.join("\n"), aligned(&rows, " | ", true))
 }
 
 /// Markdown for PR comments: a summary line, then the table.
 pub fn markdown(r: &Report) -> String {
+    markdown_with(&r.model.name, &[header(r)], r)
+}
+
+/// [`markdown`] titled `title`, under `headers` (one paragraph each).
+pub fn markdown_with(title: &str, headers: &[String], r: &Report) -> String {
     let rows: Vec<_> = r.results.iter().map(row).collect();
     let mut o = String::new();
-    let _ = writeln!(o, "### bitnet-bench: {}\n", r.model.name);
-    let _ = writeln!(o, "{}\n", header(r));
+    let _ = writeln!(o, "### bitnet-bench: {title}\n");
+    for h in headers {
+        let _ = writeln!(o, "{h}\n");
+    }
     o.push_str(&aligned(&rows, " | ", true));
     let _ = writeln!(
         o,
@@ -181,7 +199,7 @@ pub fn csv(r: &Report) -> String {
             format!("{}", x.decode.latency_ms.p95),
             format!("{}", x.decode.latency_ms.p99),
             x.decode.bytes_per_token.to_string(),
-            format!("{}", x.decode.roofline_fraction),
+            roofline_known(x).map_or(String::new(), |f| format!("{f}")),
             x.memory.weight_bytes.to_string(),
             x.memory.kv_cache_bytes.to_string(),
             kl,
@@ -190,4 +208,52 @@ pub fn csv(r: &Report) -> String {
         let _ = writeln!(o, "{}", fields.join(","));
     }
     o
+}
+
+/// Several reports shown as one (`bitnet-bench show`: ours beside an imported llama-bench run,
+/// or sweeps of two models): the first report with every report's results, and a header line
+/// per report naming its file. Results are told apart by their configuration (model, kernel,
+/// ISA, ...), so two reports with an equal configuration are refused: pool runs of one build
+/// with `merge`, judge two builds with `bitnet-diff`.
+pub fn side_by_side(reports: &[(String, Report)]) -> anyhow::Result<(Report, Vec<String>)> {
+    let Some((_, first)) = reports.first() else { anyhow::bail!("show: no reports given") };
+    let mut all = first.clone();
+    all.results.clear();
+    all.complete = reports.iter().all(|(_, r)| r.complete);
+    let mut seen: std::collections::BTreeMap<&crate::report::Config, &str> = Default::default();
+    let mut headers = Vec::new();
+    for (name, r) in reports {
+        for x in &r.results {
+            if let Some(other) = seen.insert(&x.config, name) {
+                anyhow::bail!(
+                    "{other} and {name} both hold {} {}/{} B={} ctx={} kv={} t={}: one table cannot tell them apart (pool runs of one build with `bitnet-bench merge`, compare two with `bitnet-diff`)",
+                    x.config.model,
+                    x.config.kernel,
+                    x.config.isa,
+                    x.config.batch,
+                    x.config.context_length,
+                    x.config.kv_precision,
+                    x.config.threads
+                );
+            }
+            all.results.push(x.clone());
+        }
+        headers.push(if r.tool.name == "bitnet-bench" {
+            format!("{name}: {}", header(r))
+        } else {
+            format!(
+                "{name}: {} {} ({}), {} {} (commit {}) on {}; {} runs × {} new tokens",
+                r.model.name,
+                r.model.weight_format,
+                r.model.source,
+                r.tool.name,
+                r.tool.version,
+                r.tool.git_commit.as_deref().unwrap_or("unknown"),
+                r.system.cpu_model,
+                r.settings.repeat,
+                r.settings.max_new_tokens
+            )
+        });
+    }
+    Ok((all, headers))
 }

@@ -152,10 +152,22 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         let b = r.results.iter().map(|x| x.config.batch).min().unwrap_or(1);
         let kv = &first.config.kv_precision;
         let mut lat: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        // A line per percentile, and per model, kernel and threads where the report has
+        // several: one line through all of them would zigzag between unlike runs.
+        let runs = |x: &BenchResult| (x.config.model.clone(), x.config.kernel.clone(), x.config.threads);
+        let mut kinds: Vec<_> = r.results.iter().map(runs).collect();
+        kinds.sort();
+        kinds.dedup();
         for x in r.results.iter().filter(|x| x.config.batch == b && &x.config.kv_precision == kv) {
             let l = &x.decode.latency_ms;
+            let c = &x.config;
             for (name, v) in [("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)] {
-                lat.entry(name.into()).or_default().push((x.config.context_length as f64, v));
+                let key = if kinds.len() > 1 {
+                    format!("{name} {} {} t{}", c.model, c.kernel, c.threads)
+                } else {
+                    name.to_string()
+                };
+                lat.entry(key).or_default().push((c.context_length as f64, v));
             }
         }
         lat.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
@@ -199,9 +211,12 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         out.push(("stages.svg".into(), t.into(), bar_chart(t, "%", &stage_bars)?));
     }
 
-    // Roofline fraction per combination.
-    let roof: Vec<(String, Vec<(String, f64)>)> =
-        r.results.iter().map(|x| (short(x), vec![("roofline".into(), x.decode.roofline_fraction * 100.0)])).collect();
+    // Roofline fraction per combination (where known: not for an imported llama-bench run).
+    let roof: Vec<(String, Vec<(String, f64)>)> = r
+        .results
+        .iter()
+        .filter_map(|x| crate::output::roofline_known(x).map(|f| (short(x), vec![("roofline".into(), f * 100.0)])))
+        .collect();
     let t = "Decode bandwidth as % of the measured read bandwidth";
     out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
     Ok(out)
@@ -213,16 +228,20 @@ fn escape(s: &str) -> String {
 
 /// Writes every chart and `index.html` into `dir` (created if needed).
 pub fn write_all(r: &Report, dir: &Path) -> Result<()> {
+    write_all_with(&r.model.name, &[crate::output::header(r)], r, dir)
+}
+
+/// [`write_all`] titled `title`, with `headers` (one per report shown) above the table.
+pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
     let charts = charts(r)?;
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>bitnet-bench report</title><style>body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}figure{margin:24px 0}</style></head><body>\n",
     );
-    html.push_str(&format!(
-        "<h1>bitnet-bench: {}</h1>\n<p>{}</p>\n",
-        escape(&r.model.name),
-        escape(&crate::output::header(r))
-    ));
+    html.push_str(&format!("<h1>bitnet-bench: {}</h1>\n", escape(title)));
+    for h in headers {
+        html.push_str(&format!("<p>{}</p>\n", escape(h)));
+    }
     html.push_str("<table>\n");
     for (i, line) in crate::output::csv(r).lines().enumerate() {
         let tag = if i == 0 { "th" } else { "td" };

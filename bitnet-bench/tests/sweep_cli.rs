@@ -179,6 +179,42 @@ fn llama_bench_json_imports_into_a_valid_report() {
     let (code, _, err) = run(&["import-llama-bench", out.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("llama-bench"), "{err}");
+
+    // `show` tables it beside one of ours: a row each, a header line per file, and the
+    // roofline llama-bench cannot know is "-" (empty in CSV), not 0%.
+    let ours = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/baseline-quick-avx2.json");
+    let (csv, md, plots) = (d.join("s.csv"), d.join("s.md"), d.join("plots"));
+    let lb = out.to_str().unwrap();
+    let (code, table, err) = run(&[
+        "show",
+        ours,
+        lb,
+        "--csv",
+        csv.to_str().unwrap(),
+        "--markdown",
+        md.to_str().unwrap(),
+        "--plots",
+        plots.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains(&format!("{ours}: bitnet-b1.58-large")), "{table}");
+    assert!(table.contains(&format!("{lb}: ")) && table.contains("llama-bench imported (commit"), "{table}");
+    let llama_row = table.lines().find(|l| l.contains("| llama.cpp")).expect("a llama.cpp row");
+    assert!(llama_row.contains("|  148.1 |"), "llama-bench's pp32 median: {llama_row}");
+    assert!(llama_row.contains("|        - |"), "unknown roofline: {llama_row}");
+    assert_eq!(table.lines().filter(|l| l.contains("| i2s ")).count(), 2, "{table}");
+    let csv = std::fs::read_to_string(csv).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    let llama_csv = csv.lines().find(|l| l.contains(",llama.cpp,")).unwrap();
+    let fields: Vec<&str> = llama_csv.rsplitn(6, ',').collect();
+    assert_eq!(fields[4], "", "roofline_fraction left empty: {llama_csv}");
+    assert!(std::fs::read_to_string(md).unwrap().contains("### bitnet-bench: bitnet-b1.58-large / "));
+    let html = std::fs::read_to_string(plots.join("index.html")).unwrap();
+    assert!(html.contains("llama.cpp") && html.contains(ours), "both reports are on the page");
+    // One configuration in two reports: which is which could not be told.
+    let (code, _, err) = run(&["show", ours, ours]);
+    assert_eq!(code, 2);
+    assert!(err.contains("both hold") && err.contains("merge"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
 
@@ -334,7 +370,9 @@ fn counters_per_decode_step_leave_the_prefill_out() {
     let d = tmp("counters");
     let out = d.join("c.json");
     // A long prompt and two decode steps: had the prefill's counts been spread over the steps,
-    // each step's task-clock would be about the whole prefill's.
+    // each step's task-clock would be at least half the prefill's. One thread: a pool worker
+    // spinning through a preemption of its caller (parallel tests) would add CPU time to a
+    // step that the bug did not cause (it failed this test once in six workspace runs).
     let (code, _, err) = run(&[
         "--model",
         "tiny",
@@ -345,7 +383,7 @@ fn counters_per_decode_step_leave_the_prefill_out() {
         "--kv-precisions",
         "f16",
         "--threads",
-        "2",
+        "1",
         "--max-new-tokens",
         "2",
         "--repeat",
@@ -367,7 +405,7 @@ fn counters_per_decode_step_leave_the_prefill_out() {
     let ttft_ns = res["prefill"]["ttft_ms"]["median"].as_f64().unwrap() * 1e6;
     assert!(task_ns > 0.0);
     assert!(
-        task_ns < 0.5 * ttft_ns,
+        task_ns < 0.25 * ttft_ns,
         "task-clock per decode step {task_ns} ns is of the order of the prefill's {ttft_ns} ns: {}",
         res["counters"]
     );
