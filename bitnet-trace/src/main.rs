@@ -42,8 +42,10 @@ enum Command {
     /// What the spans cost: decode tokens/s with spans off, aggregated and on a timeline, in
     /// interleaved rounds in one process.
     Overhead {
+        /// What runs (the trace's options that decide it; `--tokens` is `--steps` here, and
+        /// nothing is written, so `--out`, `--level`, `--pprof`... are refused, not ignored).
         #[command(flatten)]
-        trace: TraceArgs,
+        run: RunArgs,
         /// Timed rounds (each runs every level once, in rotating order).
         #[arg(long, default_value_t = 10)]
         rounds: usize,
@@ -60,8 +62,42 @@ enum LevelArg {
     Timeline,
 }
 
+/// The options of a trace: what runs ([`RunArgs`]) and what is recorded and written.
 #[derive(clap::Args)]
 struct TraceArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Decode steps after the prefill.
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Output directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Span level: timeline (also trace.json), aggregate, or off (to measure overhead).
+    #[arg(long, value_enum, default_value = "timeline")]
+    level: LevelArg,
+    /// Also take a sampling profile (profile.pb, pprof-flamegraph.svg).
+    #[arg(long)]
+    pprof: bool,
+    /// Also take a heap profile (dhat-heap.json; allocations per decode step in the summary).
+    #[arg(long)]
+    dhat: bool,
+    /// Do not open performance counters.
+    #[arg(long)]
+    no_counters: bool,
+    /// Print only the file list, not the table.
+    #[arg(long)]
+    quiet: bool,
+    /// Exit 1 when a consistency check fails (after writing every file), for CI jobs that
+    /// gate on the instrumentation; without it a failure is printed and the exit is 0, since
+    /// on a shared machine a preempted caller thread can fail the wall-time check of a short run.
+    #[arg(long)]
+    strict_checks: bool,
+}
+
+/// What runs: model, shapes, kernel, threads (shared by a trace and `overhead`).
+#[derive(clap::Args)]
+struct RunArgs {
     /// A preset (bitnet-b1.58-large, bitnet-b1.58-3b, bitnet-b1.58-2b-4t, llama3-8b-1.58, tiny)
     /// or a GGUF file.
     #[arg(long, default_value = "bitnet-b1.58-2b-4t")]
@@ -93,41 +129,15 @@ struct TraceArgs {
     /// stage) or lut (tq1 only: one `lookup` stage).
     #[arg(long)]
     form: Option<KernelForm>,
-    /// Decode steps after the prefill.
-    #[arg(long, default_value_t = 32)]
-    tokens: usize,
-    /// Output directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Span level: timeline (also trace.json), aggregate, or off (to measure overhead).
-    #[arg(long, value_enum, default_value = "timeline")]
-    level: LevelArg,
     /// Events kept per thread on the timeline (more are counted, not kept).
     #[arg(long, default_value_t = 2_000_000)]
     timeline_capacity: usize,
-    /// Also take a sampling profile (profile.pb, pprof-flamegraph.svg).
-    #[arg(long)]
-    pprof: bool,
-    /// Also take a heap profile (dhat-heap.json; allocations per decode step in the summary).
-    #[arg(long)]
-    dhat: bool,
-    /// Do not open performance counters.
-    #[arg(long)]
-    no_counters: bool,
     /// Pin threads to cores.
     #[arg(long)]
     pin: bool,
     /// Seed of synthetic weights and prompts.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Print only the file list, not the table.
-    #[arg(long)]
-    quiet: bool,
-    /// Exit 1 when a consistency check fails (after writing every file), for CI jobs that
-    /// gate on the instrumentation; without it a failure is printed and the exit is 0, since
-    /// on a shared machine a preempted caller thread can fail the wall-time check of a short run.
-    #[arg(long)]
-    strict_checks: bool,
 }
 
 fn main() -> ExitCode {
@@ -161,8 +171,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         eprintln!("bitnet-trace: wrote {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(Command::Overhead { trace, rounds, steps }) = cli.command {
-        let opts = options(trace);
+    if let Some(Command::Overhead { run, rounds, steps }) = cli.command {
+        let opts = run_options(run);
         let (results, kernel) = bitnet_trace::overhead::measure(&opts, rounds, steps)?;
         let what = format!(
             "{}, {} kernel, {} threads, batch {}, context {}, KV {}; {rounds} rounds × {steps} decode steps per level",
@@ -205,6 +215,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn options(a: TraceArgs) -> TraceOptions {
     TraceOptions {
+        tokens: a.tokens,
+        level: match a.level {
+            LevelArg::Off => Level::Off,
+            LevelArg::Aggregate => Level::Aggregate,
+            LevelArg::Timeline => Level::Timeline,
+        },
+        pprof: a.pprof,
+        dhat: a.dhat,
+        counters: !a.no_counters,
+        ..run_options(a.run)
+    }
+}
+
+/// The options of a run that records nothing beyond its spans (`overhead`).
+fn run_options(a: RunArgs) -> TraceOptions {
+    TraceOptions {
         model: a.model,
         format: a.format,
         batch: a.batch,
@@ -214,16 +240,12 @@ fn options(a: TraceArgs) -> TraceOptions {
         kernel: a.kernel,
         isa: a.isa,
         form: a.form,
-        tokens: a.tokens,
-        level: match a.level {
-            LevelArg::Off => Level::Off,
-            LevelArg::Aggregate => Level::Aggregate,
-            LevelArg::Timeline => Level::Timeline,
-        },
+        tokens: 32,
+        level: Level::Timeline,
         timeline_capacity: a.timeline_capacity,
-        pprof: a.pprof,
-        dhat: a.dhat,
-        counters: !a.no_counters,
+        pprof: false,
+        dhat: false,
+        counters: false,
         seed: a.seed,
         pin: a.pin,
     }

@@ -86,12 +86,12 @@ pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<(Vec<
 
 /// The results as a table.
 pub fn table(results: &[LevelResult], what: &str) -> String {
-    let mut o = format!("span overhead, {what}\n| level     | median tok/s | min    | max    | median ratio to off | overhead |\n|-----------|--------------|--------|--------|---------------------|----------|\n");
+    let mut o = format!("span overhead, {what}\n| level     | median tok/s |      min tok/s |      max tok/s | median ratio to off | overhead |\n|-----------|--------------|----------------|----------------|---------------------|----------|\n");
     for r in results {
         let min = r.tokens_per_sec.iter().copied().fold(f64::INFINITY, f64::min);
         let max = r.tokens_per_sec.iter().copied().fold(0.0, f64::max);
         o.push_str(&format!(
-            "| {:<9} | {:>12.2} | {:>6.2} | {:>6.2} | {:>19.4} | {:>7.2}% |\n",
+            "| {:<9} | {:>12.2} | {:>14.2} | {:>14.2} | {:>19.4} | {:>7.2}% |\n",
             r.level.name(),
             median(&r.tokens_per_sec),
             min,

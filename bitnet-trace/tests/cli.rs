@@ -42,6 +42,16 @@ fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
     let (code, _, err) = run(&["--model", "tiny"]);
     assert_eq!(code, 2);
     assert!(err.contains("--out"), "{err}");
+    // `overhead` writes nothing and has its own --steps: a trace's output options are refused,
+    // not silently ignored.
+    for flag in [&["--out", o][..], &["--pprof"], &["--tokens", "8"], &["--level", "off"], &["--quiet"]] {
+        let mut args = vec!["overhead", "--model", "tiny", "--rounds", "1", "--steps", "1"];
+        args.extend_from_slice(flag);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(flag[0]), "{args:?}: {err}");
+        assert!(!out.exists());
+    }
 }
 
 #[test]
