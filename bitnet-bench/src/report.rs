@@ -320,6 +320,23 @@ fn check_stat(path: &str, s: &Stat) -> Result<()> {
     if s.min > s.median || s.median > s.max || s.stddev < 0.0 {
         bail!("{path}: min ≤ median ≤ max and stddev ≥ 0 do not hold");
     }
+    // The summary must be that of the samples (bitnet-diff decides from the samples, tables
+    // print the summary): an edited or mis-merged report would otherwise say two things.
+    let want = Stat::of(&s.samples);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12);
+    for (field, got, want) in [
+        ("mean", s.mean, want.mean),
+        ("median", s.median, want.median),
+        ("stddev", s.stddev, want.stddev),
+        ("min", s.min, want.min),
+        ("max", s.max, want.max),
+        ("ci95_low", s.ci95_low, want.ci95_low),
+        ("ci95_high", s.ci95_high, want.ci95_high),
+    ] {
+        if !close(got, want) {
+            bail!("{path}.{field}: {got} is not that of the {} samples ({want})", s.samples.len());
+        }
+    }
     Ok(())
 }
 

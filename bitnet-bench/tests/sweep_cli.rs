@@ -145,6 +145,21 @@ fn validate_rejects_broken_reports_and_schema_check_works() {
     let (code, _, err) = run(&["validate", d.join("t.json").to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("t.json") && err.contains("JSON"), "{err}");
+    // A summary that is not that of its samples (an edited or mis-merged report) is refused,
+    // naming the field; bitnet-diff would judge the samples while tables print the summary.
+    let baseline = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/baseline-quick-avx2.json");
+    for field in ["max", "median", "ci95_high"] {
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(baseline).unwrap()).unwrap();
+        let stat = &mut v["results"][1]["decode"]["tokens_per_sec"];
+        // Still min ≤ median ≤ max: only the comparison with the samples can catch it.
+        let (min, max) = (stat["min"].as_f64().unwrap(), stat["max"].as_f64().unwrap());
+        assert!(min < max);
+        stat[field] = (if field == "median" { min } else { max * 1.5 }).into();
+        std::fs::write(d.join("e.json"), serde_json::to_string(&v).unwrap()).unwrap();
+        let (code, _, err) = run(&["validate", d.join("e.json").to_str().unwrap()]);
+        assert_eq!(code, 2, "{field}");
+        assert!(err.contains(&format!("$.results[1].decode.tokens_per_sec.{field}")), "{err}");
+    }
     let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/schema.json");
     let (code, _, err) = run(&["schema", "--check", schema]);
     assert_eq!(code, 0, "{err}");
