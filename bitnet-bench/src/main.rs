@@ -568,6 +568,13 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
             spec.max_new_tokens
         );
     }
+    if spec.counters && !quiet {
+        // Said once, up front: the report's counters then hold only what could be opened.
+        let probe = bitnet_trace::counters::Counters::open(&bitnet_trace::counters::thread_ids());
+        if let Some(note) = probe.fallback_note() {
+            eprintln!("bitnet-bench: --counters: {note}");
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
