@@ -225,7 +225,9 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             weight_format: ["TQ1_0", "TQ2_0", "I2_S", "Q6_K", "Q4_0", "Q8_0", "BF16", "F16", "F32"]
                 .iter()
                 .find(|t| first.model_type.split_whitespace().any(|w| w == **t))
-                .map_or("unknown".into(), |t| t.to_lowercase()),
+                // bitnet.cpp's I2_S is what our loader holds as `i2`: one name, so a diff
+                // of the two on one file does not warn of a format difference.
+                .map_or("unknown".into(), |t| if *t == "I2_S" { "i2".into() } else { t.to_lowercase() }),
         },
         settings: Settings {
             warmup: 1,
@@ -278,6 +280,25 @@ mod tests {
             samples_ts: vec![ts, ts * 1.1],
             other: BTreeMap::from([("avg_ts".to_string(), ts.into()), ("flash_attn".to_string(), false.into())]),
         }
+    }
+
+    #[test]
+    fn weight_formats_take_our_names() {
+        let format = |model_type: &str| {
+            let e: Vec<_> = [entry("m.gguf", 2, 16, 0, 0, 100.0), entry("m.gguf", 2, 0, 4, 0, 10.0)]
+                .into_iter()
+                .map(|mut x| {
+                    x.model_type = model_type.into();
+                    x
+                })
+                .collect();
+            import(&e, "lb.json").unwrap().model.weight_format
+        };
+        // bitnet.cpp's I2_S is our loader's `i2`; llama.cpp's types are ours lower-cased.
+        assert_eq!(format("bitnet-b1.58 2B I2_S - 2 bpw ternary"), "i2");
+        assert_eq!(format("bitnet ?B TQ1_0 - 1.69 bpw ternary"), "tq1_0");
+        assert_eq!(format("bitnet ?B TQ2_0 - 2.06 bpw ternary"), "tq2_0");
+        assert_eq!(format("llama 8B"), "unknown");
     }
 
     #[test]

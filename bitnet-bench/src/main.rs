@@ -326,8 +326,12 @@ fn run(cli: Cli) -> Result<()> {
                 .map(|f| report::load(f).map(|r| (f.display().to_string(), r)))
                 .collect::<Result<Vec<_>>>()?;
             let (all, headers) = output::side_by_side(&reports)?;
-            let mut models: Vec<&str> = reports.iter().map(|(_, r)| r.model.name.as_str()).collect();
-            models.dedup();
+            let mut models: Vec<&str> = Vec::new();
+            for (_, r) in &reports {
+                if !models.contains(&r.model.name.as_str()) {
+                    models.push(&r.model.name);
+                }
+            }
             let title = models.join(" / ");
             println!("{}", output::table_with(&headers, &all));
             if let Some(p) = &csv {

@@ -220,20 +220,16 @@ pub fn side_by_side(reports: &[(String, Report)]) -> anyhow::Result<(Report, Vec
     let mut all = first.clone();
     all.results.clear();
     all.complete = reports.iter().all(|(_, r)| r.complete);
-    let mut seen: std::collections::BTreeMap<&crate::report::Config, &str> = Default::default();
+    let mut seen: std::collections::BTreeMap<&crate::report::Config, (usize, &str)> = Default::default();
     let mut headers = Vec::new();
-    for (name, r) in reports {
+    for (i, (name, r)) in reports.iter().enumerate() {
         for x in &r.results {
-            if let Some(other) = seen.insert(&x.config, name) {
+            if let Some((j, other)) = seen.insert(&x.config, (i, name)) {
+                let whose =
+                    if i == j { format!("{name} holds twice") } else { format!("{other} and {name} both hold") };
                 anyhow::bail!(
-                    "{other} and {name} both hold {} {}/{} B={} ctx={} kv={} t={}: one table cannot tell them apart (pool runs of one build with `bitnet-bench merge`, compare two with `bitnet-diff`)",
-                    x.config.model,
-                    x.config.kernel,
-                    x.config.isa,
-                    x.config.batch,
-                    x.config.context_length,
-                    x.config.kv_precision,
-                    x.config.threads
+                    "{whose} {}: one table cannot tell them apart (pool runs of one build with `bitnet-bench merge`, compare two with `bitnet-diff`)",
+                    x.config
                 );
             }
             all.results.push(x.clone());

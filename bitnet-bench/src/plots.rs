@@ -128,19 +128,28 @@ fn bar_chart(title: &str, y_label: &str, bars: &[(String, Vec<(String, f64)>)]) 
     Ok(svg)
 }
 
-fn short(r: &BenchResult) -> String {
+/// A combination's short label; with the model first when a chart holds several
+/// (`bitnet-bench show` of two models).
+fn short(r: &BenchResult, with_model: bool) -> String {
     let c = &r.config;
-    format!("{} B{} c{} {} t{}", c.kernel, c.batch, c.context_length, c.kv_precision, c.threads)
+    let s = format!("{} B{} c{} {} t{}", c.kernel, c.batch, c.context_length, c.kv_precision, c.threads);
+    if with_model {
+        format!("{} {s}", c.model)
+    } else {
+        s
+    }
 }
 
 /// Every chart of the report: (file name, title, SVG).
 pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     let mut out = Vec::new();
+    let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
+    let model = |x: &BenchResult| if several_models { format!("{} ", x.config.model) } else { String::new() };
     // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
     let mut tg: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for x in &r.results {
         let c = &x.config;
-        let key = format!("{} ctx {} {} t{}", c.kv_precision, c.context_length, c.kernel, c.threads);
+        let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
         tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median));
     }
     tg.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
@@ -178,7 +187,7 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     // KV cache bytes and quality cost per precision, at the largest batch × context.
     let mut per_kv: BTreeMap<String, &BenchResult> = BTreeMap::new();
     for x in &r.results {
-        let e = per_kv.entry(x.config.kv_precision.clone()).or_insert(x);
+        let e = per_kv.entry(format!("{}{}", model(x), x.config.kv_precision)).or_insert(x);
         if x.memory.kv_cache_bytes > e.memory.kv_cache_bytes {
             *e = x;
         }
@@ -203,7 +212,9 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         .results
         .iter()
         .filter_map(|x| {
-            x.stages.as_ref().map(|s| (short(x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
+            x.stages
+                .as_ref()
+                .map(|s| (short(x, several_models), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
         })
         .collect();
     if !stage_bars.is_empty() {
@@ -215,7 +226,9 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     let roof: Vec<(String, Vec<(String, f64)>)> = r
         .results
         .iter()
-        .filter_map(|x| crate::output::roofline_known(x).map(|f| (short(x), vec![("roofline".into(), f * 100.0)])))
+        .filter_map(|x| {
+            crate::output::roofline_known(x).map(|f| (short(x, several_models), vec![("roofline".into(), f * 100.0)]))
+        })
         .collect();
     let t = "Decode bandwidth as % of the measured read bandwidth";
     out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));

@@ -166,6 +166,17 @@ pub struct Config {
     pub threads: usize,
 }
 
+impl std::fmt::Display for Config {
+    /// `model kernel/isa B=1 ctx=128 kv=f16 t=2`, as tables and messages name a combination.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{} B={} ctx={} kv={} t={}",
+            self.model, self.kernel, self.isa, self.batch, self.context_length, self.kv_precision, self.threads
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Prefill {
@@ -323,7 +334,10 @@ fn check_stat(path: &str, s: &Stat) -> Result<()> {
     // The summary must be that of the samples (bitnet-diff decides from the samples, tables
     // print the summary): an edited or mis-merged report would otherwise say two things.
     let want = Stat::of(&s.samples);
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12);
+    // Relative to the samples' magnitude, not each field's: a CI bound near zero (mean minus a
+    // half-width) is a difference of large numbers and carries their rounding.
+    let scale = s.samples.iter().fold(want.mean.abs(), |m, v| m.max(v.abs())).max(1e-300);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * scale;
     for (field, got, want) in [
         ("mean", s.mean, want.mean),
         ("median", s.median, want.median),
@@ -350,6 +364,20 @@ pub fn check(r: &Report) -> Result<()> {
         let l = &res.decode.latency_ms;
         if [l.p50, l.p90, l.p95, l.p99].iter().chain(&l.samples).any(|v| !v.is_finite()) {
             bail!("{p}.decode.latency_ms: non-finite value");
+        }
+        if !l.samples.is_empty() {
+            let want = Latency::of(l.samples.clone());
+            let scale = l.samples.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-300);
+            for (field, got, want) in
+                [("p50", l.p50, want.p50), ("p90", l.p90, want.p90), ("p95", l.p95, want.p95), ("p99", l.p99, want.p99)]
+            {
+                if (got - want).abs() > 1e-9 * scale {
+                    bail!(
+                        "{p}.decode.latency_ms.{field}: {got} is not that of the {} samples ({want})",
+                        l.samples.len()
+                    );
+                }
+            }
         }
         if !res.decode.roofline_fraction.is_finite() {
             bail!("{p}.decode.roofline_fraction: non-finite value");

@@ -162,7 +162,12 @@ pub fn combos(spec: &SweepSpec) -> Result<Vec<Combo>> {
             for &kv in &spec.kv_precisions {
                 for &context_length in &spec.context_lengths {
                     for &batch in &spec.batch_sizes {
-                        v.push(Combo { kernel, batch, context_length, kv, threads });
+                        let c = Combo { kernel, batch, context_length, kv, threads };
+                        // A value given twice (`--batch-sizes 1,1-4`) is run once: a report
+                        // holds each configuration once.
+                        if !v.contains(&c) {
+                            v.push(c);
+                        }
                     }
                 }
             }

@@ -320,3 +320,13 @@ fn committed_baselines_are_valid_complete_and_of_the_isa_they_name() {
     }
     assert!(seen >= 4, "expected the default and quick baselines of both ISAs, found {seen}");
 }
+
+#[test]
+fn a_value_given_twice_is_swept_once() {
+    // `--batch-sizes 1,1-4` gives 1 twice; a report holds each configuration once.
+    let once = bitnet_bench::sweep::combos(&spec()).unwrap();
+    let mut s = spec();
+    s.batch_sizes = s.batch_sizes.iter().chain(&s.batch_sizes).copied().collect();
+    s.threads = s.threads.iter().chain(&s.threads).copied().collect();
+    assert_eq!(bitnet_bench::sweep::combos(&s).unwrap(), once);
+}

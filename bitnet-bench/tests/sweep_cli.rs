@@ -226,6 +226,12 @@ fn llama_bench_json_imports_into_a_valid_report() {
     assert!(std::fs::read_to_string(md).unwrap().contains("### bitnet-bench: bitnet-b1.58-large / "));
     let html = std::fs::read_to_string(plots.join("index.html")).unwrap();
     assert!(html.contains("llama.cpp") && html.contains(ours), "both reports are on the page");
+    // Two models: their series are told apart by name, not joined into one line.
+    let chart = std::fs::read_to_string(plots.join("decode_vs_batch.svg")).unwrap();
+    assert!(
+        chart.contains("bitnet-b1.58-large f16 ctx 16 i2s t2") && chart.contains(" f16 ctx 32 llama.cpp t2"),
+        "{chart}"
+    );
     // One configuration in two reports: which is which could not be told.
     let (code, _, err) = run(&["show", ours, ours]);
     assert_eq!(code, 2);

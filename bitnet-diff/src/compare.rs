@@ -323,12 +323,18 @@ fn index(r: &Report, name: &str, other: Option<&Report>) -> Result<BTreeMap<Conf
     let mut m: BTreeMap<Config, BenchResult> = BTreeMap::new();
     for x in &r.results {
         if let Some(prev) = m.insert(pair_key(&x.config, across), x.clone()) {
-            bail!(
-                "{name}: {} and {} have the same batch, context length, KV precision and threads; against a {} report configurations pair by those alone, so each may occur once (run bitnet-bench with one --kernels)",
-                crate::render::cfg(&prev.config),
-                crate::render::cfg(&x.config),
-                other.map_or("", |o| o.tool.name.as_str())
-            );
+            match other {
+                Some(o) if prev.config != x.config => bail!(
+                    "{name}: {} and {} have the same batch, context length, KV precision and threads; against a {} report configurations pair by those alone, so each setting may occur once (a sweep of one --kernels)",
+                    prev.config,
+                    x.config,
+                    o.tool.name
+                ),
+                _ => bail!(
+                    "{name}: {} occurs twice; each configuration may occur once (`bitnet-bench merge` pools the runs of one build)",
+                    x.config
+                ),
+            }
         }
     }
     Ok(m)

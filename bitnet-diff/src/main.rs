@@ -179,8 +179,7 @@ fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -
             // The model and where its weights came from (a preset, or a file by name) are part
             // of the series: one database may hold runs of several, and a preset and a GGUF
             // file of its shapes share a model name.
-            let source = bitnet_bench::report::source_identity(&r.report.model.source);
-            let from = source.rsplit_once(' ').filter(|_| !source.starts_with("preset")).map_or("preset", |(_, f)| f);
+            let from = bitnet_bench::report::source_gguf_name(&r.report.model.source).unwrap_or("preset".into());
             let cfg = format!(
                 "{} [{from}] {}/{} B={} ctx={} kv={} t={}",
                 c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads

@@ -8,10 +8,7 @@ use bitnet_bench::report::Config;
 use crate::compare::{Comparison, ConfigDiff, MetricDiff};
 
 pub(crate) fn cfg(c: &Config) -> String {
-    format!(
-        "{} {}/{} B={} ctx={} kv={} t={}",
-        c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
-    )
+    c.to_string()
 }
 
 fn pct(x: f64) -> String {

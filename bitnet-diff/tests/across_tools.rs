@@ -79,6 +79,18 @@ fn two_of_our_kernels_at_one_setting_cannot_pair_with_one_llama_bench_test() {
             .to_string();
     assert!(err.starts_with("ours.json: "), "{err}");
     assert!(err.contains("i2s/") && err.contains("tq2/") && err.contains("one --kernels"), "{err}");
+    assert!(err.contains("against a llama-bench report"), "{err}");
+}
+
+#[test]
+fn a_configuration_twice_in_one_report_is_refused_with_the_right_hint() {
+    // `--batch-sizes 1,1-4` once ran batch 1 twice: pairing would pick one silently.
+    let twice = ours(&[("tq2", 1, 32), ("tq2", 1, 32)]);
+    for (base, new) in [(ours(&[("tq2", 1, 32)]), &twice), (llama(), &twice)] {
+        let err = compare(&base, new, ("a.json", "b.json"), &metrics(), 0.05, 1).unwrap_err().to_string();
+        assert!(err.starts_with("b.json: bitnet-b1.58-large tq2/avx512 B=1 ctx=32 kv=f16 t=2 occurs twice"), "{err}");
+        assert!(err.contains("merge") && !err.contains("--kernels"), "{err}");
+    }
 }
 
 #[test]

@@ -40,6 +40,14 @@ fn median(v: &[f64]) -> f64 {
 pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<(Vec<LevelResult>, Kernel)> {
     anyhow::ensure!(rounds >= 1 && steps >= 1, "--rounds and --steps must be at least 1");
     let (model, _, kernel) = load_model(opts)?;
+    // Checked here too, to name this command's flag (the trace's check says --tokens).
+    let max = model.config.max_context;
+    anyhow::ensure!(
+        opts.context_length + steps <= max,
+        "--context-length {} + --steps {steps} exceeds {}'s maximum context of {max}",
+        opts.context_length,
+        model.config.name
+    );
     let opts = &TraceOptions { tokens: steps, ..opts.clone() };
     let mut state = State::new(&model, &state_options(opts, kernel, &model)?).context("--kernel")?;
     let vocab = model.config.vocab;

@@ -91,12 +91,17 @@ mod tests {
     #[test]
     fn layout_bytes_equal_the_generated_weights() {
         let cfg = ModelConfig::preset("tiny").unwrap();
-        for format in [WeightFormat::I2, WeightFormat::Tq2_0, WeightFormat::Tq1_0, WeightFormat::BitPlanes] {
+        for format in
+            [WeightFormat::I2, WeightFormat::Tq2_0, WeightFormat::Tq1_0, WeightFormat::BitPlanes, WeightFormat::Binary]
+        {
             let layout = tensor_layout(&cfg, format).unwrap();
             let w = Weights::synthetic(&cfg, format, 1, 1).unwrap();
             let linear: usize = layout.iter().filter(|t| t.dtype == format.name()).map(|t| t.bytes).sum();
-            let scales =
-                if matches!(format, WeightFormat::I2 | WeightFormat::BitPlanes) { 4 * 7 * cfg.layers } else { 0 };
+            let scales = if matches!(format, WeightFormat::I2 | WeightFormat::BitPlanes | WeightFormat::Binary) {
+                4 * 7 * cfg.layers
+            } else {
+                0
+            };
             assert_eq!(linear, w.linear_bytes() + scales, "{format}");
             assert_eq!(bytes_read_per_token(&cfg, &layout), w.bytes_read_per_token() + scales, "{format}");
             assert_eq!(layout.iter().map(|t| t.bytes).sum::<usize>(), w.total_bytes(), "{format}");

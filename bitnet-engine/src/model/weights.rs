@@ -138,16 +138,17 @@ impl Weights {
     }
 
     /// Bytes of every weight as held in memory: linear layers (with the f32 tensor scale of the
-    /// I2 and bit-plane formats), embedding, a separate LM head and the f32 norms. This is the
-    /// [`tensor_layout`](crate::model::tensor_layout) total, and for a GGUF file its tensor
-    /// bytes as llama-bench's `model_size` counts them (the optional one-element projection
-    /// scales aside).
+    /// I2, bit-plane and binary formats), embedding, a separate LM head and the f32 norms. For
+    /// a preset this is the [`tensor_layout`](crate::model::tensor_layout) total. For a GGUF
+    /// file it is the file's tensor bytes only where the engine holds every tensor as stored
+    /// (TQ1_0/TQ2_0 linears, Q6_K or int8 embedding, F32 norms): an F16 embedding is held as
+    /// int8 rows, F16 norms as f32, an I2_S tensor's 32-byte scale block as 4 bytes.
     pub fn total_bytes(&self) -> usize {
         let tensor_scales = self
             .layers
             .iter()
             .flat_map(|l| l.linears())
-            .filter(|w| matches!(w.format(), WeightFormat::I2 | WeightFormat::BitPlanes))
+            .filter(|w| matches!(w.format(), WeightFormat::I2 | WeightFormat::BitPlanes | WeightFormat::Binary))
             .count();
         self.linear_bytes()
             + 4 * tensor_scales
