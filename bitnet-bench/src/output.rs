@@ -43,7 +43,12 @@ fn row(r: &BenchResult) -> [String; 16] {
         format!("{:.2}", r.decode.latency_ms.p50),
         format!("{:.2}", r.decode.latency_ms.p99),
         roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-        format!("{:.1}", r.memory.kv_cache_bytes as f64 / 1048576.0),
+        // Every run of ours has a cache; 0 is an imported run's "unknown".
+        if r.memory.kv_cache_bytes == 0 {
+            "-".into()
+        } else {
+            format!("{:.1}", r.memory.kv_cache_bytes as f64 / 1048576.0)
+        },
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
     ]
 }
@@ -201,7 +206,7 @@ pub fn csv(r: &Report) -> String {
             x.decode.bytes_per_token.to_string(),
             roofline_known(x).map_or(String::new(), |f| format!("{f}")),
             x.memory.weight_bytes.to_string(),
-            x.memory.kv_cache_bytes.to_string(),
+            if x.memory.kv_cache_bytes == 0 { String::new() } else { x.memory.kv_cache_bytes.to_string() },
             kl,
             top1,
         ];

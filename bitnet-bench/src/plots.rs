@@ -194,6 +194,7 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     }
     let kv_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
         .iter()
+        .filter(|(_, x)| x.memory.kv_cache_bytes > 0) // 0: unknown (an imported run), not empty
         .map(|(k, x)| (k.clone(), vec![("KV MiB".into(), x.memory.kv_cache_bytes as f64 / 1048576.0)]))
         .collect();
     let t = "KV cache size per precision (largest batch × context)";
