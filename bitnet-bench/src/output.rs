@@ -43,12 +43,7 @@ fn row(r: &BenchResult) -> [String; 16] {
         format!("{:.2}", r.decode.latency_ms.p50),
         format!("{:.2}", r.decode.latency_ms.p99),
         roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-        // Every run of ours has a cache; 0 is an imported run's "unknown".
-        if r.memory.kv_cache_bytes == 0 {
-            "-".into()
-        } else {
-            format!("{:.1}", r.memory.kv_cache_bytes as f64 / 1048576.0)
-        },
+        kv_cache_known(r).map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
     ]
 }
@@ -130,6 +125,12 @@ fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {
     o
 }
 
+/// A result's KV cache bytes, `None` where they are unknown: every run of ours has a cache, so
+/// 0 is an imported run's "not measured".
+pub fn kv_cache_known(r: &BenchResult) -> Option<u64> {
+    (r.memory.kv_cache_bytes > 0).then_some(r.memory.kv_cache_bytes)
+}
+
 /// A result's roofline fraction, `None` where it is unknown (an imported llama-bench result
 /// has no bytes per step): printed as "-", not as 0%.
 pub fn roofline_known(r: &BenchResult) -> Option<f64> {
@@ -206,7 +207,7 @@ pub fn csv(r: &Report) -> String {
             x.decode.bytes_per_token.to_string(),
             roofline_known(x).map_or(String::new(), |f| format!("{f}")),
             x.memory.weight_bytes.to_string(),
-            if x.memory.kv_cache_bytes == 0 { String::new() } else { x.memory.kv_cache_bytes.to_string() },
+            kv_cache_known(x).map_or(String::new(), |b| b.to_string()),
             kl,
             top1,
         ];

@@ -194,8 +194,9 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     }
     let kv_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
         .iter()
-        .filter(|(_, x)| x.memory.kv_cache_bytes > 0) // 0: unknown (an imported run), not empty
-        .map(|(k, x)| (k.clone(), vec![("KV MiB".into(), x.memory.kv_cache_bytes as f64 / 1048576.0)]))
+        .filter_map(|(k, x)| {
+            crate::output::kv_cache_known(x).map(|b| (k.clone(), vec![("KV MiB".into(), b as f64 / 1048576.0)]))
+        })
         .collect();
     let t = "KV cache size per precision (largest batch × context)";
     out.push(("kv_bytes.svg".into(), t.into(), bar_chart(t, "MiB", &kv_bars)?));
