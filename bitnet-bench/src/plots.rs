@@ -42,7 +42,13 @@ pub fn line_chart(
         let ys = series.values().flatten().map(|p| p.1);
         let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
         let y1 = ys.fold(0f64, f64::max);
-        let (x0, x1) = if x0 < x1 { (x0, x1) } else { (x0 - 1.0, x0 + 1.0) };
+        // One x value gets a unit-wide range around it; no points at all (callers skip such
+        // charts) a unit range at 0, not an infinite one.
+        let (x0, x1) = match (x0.is_finite(), x0 < x1) {
+            (true, true) => (x0, x1),
+            (true, false) => (x0 - 1.0, x0 + 1.0),
+            (false, _) => (0.0, 1.0),
+        };
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 18))
             .margin(12)
@@ -153,8 +159,12 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median));
     }
     tg.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
-    let t = "Decode tokens/s vs batch size";
-    out.push(("decode_vs_batch.svg".into(), t.into(), line_chart(t, "batch size", "tokens/s (median)", &tg)?));
+    // A chart with nothing to draw is left out (a sweep interrupted in its first combination,
+    // the roofline of an imported run), not drawn empty.
+    if !tg.is_empty() {
+        let t = "Decode tokens/s vs batch size";
+        out.push(("decode_vs_batch.svg".into(), t.into(), line_chart(t, "batch size", "tokens/s (median)", &tg)?));
+    }
 
     // Latency percentiles vs context length at the smallest batch, first precision.
     if let Some(first) = r.results.first() {
@@ -198,8 +208,10 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
             crate::output::kv_cache_known(x).map(|b| (k.clone(), vec![("KV MiB".into(), b as f64 / 1048576.0)]))
         })
         .collect();
-    let t = "KV cache size per precision (largest batch × context)";
-    out.push(("kv_bytes.svg".into(), t.into(), bar_chart(t, "MiB", &kv_bars)?));
+    if !kv_bars.is_empty() {
+        let t = "KV cache size per precision (largest batch × context)";
+        out.push(("kv_bytes.svg".into(), t.into(), bar_chart(t, "MiB", &kv_bars)?));
+    }
     let q_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
         .iter()
         .filter_map(|(k, x)| x.quality.as_ref().map(|q| (k.clone(), vec![("KL".into(), q.kl_divergence)])))
@@ -232,8 +244,10 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
             crate::output::roofline_known(x).map(|f| (short(x, several_models), vec![("roofline".into(), f * 100.0)]))
         })
         .collect();
-    let t = "Decode bandwidth as % of the measured read bandwidth";
-    out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
+    if !roof.is_empty() {
+        let t = "Decode bandwidth as % of the measured read bandwidth";
+        out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
+    }
     Ok(out)
 }
 

@@ -282,6 +282,20 @@ fn charts_and_page_are_written_for_a_report() {
 }
 
 #[test]
+fn a_sweep_interrupted_in_its_first_combination_still_gets_a_page() {
+    // Stopped in the 2nd run of the first combination: nothing finished.
+    let r = sweep(Some(2));
+    assert!(r.results.is_empty() && !r.complete);
+    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-empty-{}", std::process::id()));
+    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    assert!(html.contains("decode_tokens_per_sec_median"), "the table header is there");
+    assert_eq!(html.matches("<svg").count(), 0, "no empty charts");
+    assert!(!dir.join("decode_vs_batch.svg").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn every_schema_field_is_documented_in_reports_readme() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/");
     let schema: serde_json::Value = serde_json::from_str(&report::schema_json()).unwrap();
