@@ -59,7 +59,16 @@ pub fn metrics() -> Vec<Metric> {
         Metric {
             name: "decode.roofline_fraction",
             better: Better::Higher,
-            samples: |r| Some(vec![r.decode.roofline_fraction]),
+            // Each roofline-pass step over the probe taken right after it, where the report
+            // has them (their median is `roofline_fraction`): samples to test, which stay
+            // comparable when the machine's bandwidth moved between the two runs.
+            samples: |r| {
+                Some(if r.decode.step_fractions.is_empty() {
+                    vec![r.decode.roofline_fraction]
+                } else {
+                    r.decode.step_fractions.clone()
+                })
+            },
         },
         Metric {
             name: "memory.kv_cache_bytes",
@@ -167,7 +176,9 @@ pub struct Comparison {
     pub removed: Vec<Config>,
     pub env_warnings: Vec<String>,
     /// How the reports were paired when they come from different tools, and what that leaves
-    /// unlike (e.g. llama-bench's tg test decoding from an empty cache); empty otherwise.
+    /// unlike (e.g. llama-bench's tg test decoding from an empty cache); and where the memory
+    /// bandwidth probed beside the runs moved by more than the threshold (see
+    /// [`bandwidth_notes`]).
     pub notes: Vec<String>,
     /// Metrics of paired configurations that could not be compared, and why (missing, zero or
     /// negative samples: a ratio of them means nothing).
@@ -364,6 +375,28 @@ fn across_notes(base: &Report, new: &Report) -> Vec<String> {
     notes
 }
 
+/// Notes where the read bandwidth each report probed beside its runs (`roofline.by_threads`)
+/// differs by more than `threshold` (symmetric in log ratio, like the verdicts). On a shared
+/// machine it moves by tens of percent between hours while the code stays the same, and
+/// decode tokens/s follows it: a "regression" of that size may be the machine's. Not an
+/// environment warning (`--strict-env` would then refuse most pairs of runs on such machines).
+pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
+    let tau = (1.0 + threshold).ln();
+    let mut notes = Vec::new();
+    for (threads, &b) in &base.roofline.by_threads {
+        let Some(&n) = new.roofline.by_threads.get(threads) else { continue };
+        if !(b.is_finite() && n.is_finite() && b > 0.0 && n > 0.0) || (n / b).ln().abs() <= tau {
+            continue;
+        }
+        notes.push(format!(
+            "the memory read bandwidth probed beside the runs differs: {b:.1} → {n:.1} GB/s with {threads} thread(s) ({:+.1}%, beyond the ±{:.1}% threshold); decode tokens/s follows the machine's bandwidth, so a change of that size may be the machine's, not the code's; decode.roofline_fraction (each step over a probe taken right after it) is compared across such runs",
+            (n / b - 1.0) * 100.0,
+            threshold * 100.0
+        ));
+    }
+    notes
+}
+
 /// Compares NEW against BASE on `metric_names`.
 pub fn compare(
     base: &Report,
@@ -466,7 +499,11 @@ pub fn compare(
         added,
         removed,
         env_warnings: environment_differences(base, new),
-        notes: if across { across_notes(base, new) } else { Vec::new() },
+        notes: {
+            let mut notes = if across { across_notes(base, new) } else { Vec::new() };
+            notes.extend(bandwidth_notes(base, new, threshold));
+            notes
+        },
         not_compared,
     })
 }
