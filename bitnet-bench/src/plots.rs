@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
-use crate::report::{BenchResult, Report};
+use crate::report::{BenchResult, Config, Report};
 
 const W: u32 = 760;
 const H: u32 = 440;
@@ -27,13 +27,11 @@ fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> anyhow::Error + '_ {
     move |e| anyhow::anyhow!("drawing {what}: {e:?}")
 }
 
+/// Named series of (x, y) points.
+pub type Lines = BTreeMap<String, Vec<(f64, f64)>>;
+
 /// Lines of `y` against `x`, one per series.
-pub fn line_chart(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &BTreeMap<String, Vec<(f64, f64)>>,
-) -> Result<String> {
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &Lines) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
@@ -146,13 +144,48 @@ fn short(r: &BenchResult, with_model: bool) -> String {
     }
 }
 
+/// The latency chart's title and lines: decode step latency vs context length at the report's
+/// smallest batch. With one kind of run (model, kernel, threads and KV precision) a line per
+/// percentile (p50, p90, p95, p99); with several, p50 and p99 of each, labelled by what tells
+/// the runs apart. Every run at that batch is drawn (a `show` of llama-bench's f16 run beside
+/// our int8 one kept only the first result's precision before), and no line joins unlike runs.
+fn latency_lines(r: &Report) -> Option<(String, Lines)> {
+    let b = r.results.iter().map(|x| x.config.batch).min()?;
+    let at_b: Vec<&BenchResult> = r.results.iter().filter(|x| x.config.batch == b).collect();
+    // Which of model, kernel, threads and precision differ between the runs: those label the lines.
+    let parts =
+        |c: &Config| [c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)];
+    let first = parts(&at_b[0].config);
+    let varies: [bool; 4] = std::array::from_fn(|i| at_b.iter().any(|x| parts(&x.config)[i] != first[i]));
+    let mut lat = Lines::new();
+    for x in &at_b {
+        let (l, c) = (&x.decode.latency_ms, &x.config);
+        let label: String = parts(c).iter().zip(varies).filter(|(_, v)| *v).map(|(p, _)| format!(" {p}")).collect();
+        let percentiles: &[(&str, f64)] = if !varies.contains(&true) {
+            &[("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)]
+        } else {
+            &[("p50", l.p50), ("p99", l.p99)]
+        };
+        for (name, v) in percentiles {
+            lat.entry(format!("{name}{label}")).or_default().push((c.context_length as f64, *v));
+        }
+    }
+    lat.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
+    let t = if varies[3] {
+        format!("Inter-token latency vs context length (batch {b})")
+    } else {
+        format!("Inter-token latency vs context length (batch {b}, KV {})", at_b[0].config.kv_precision)
+    };
+    Some((t, lat))
+}
+
 /// Every chart of the report: (file name, title, SVG).
 pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     let mut out = Vec::new();
     let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
     let model = |x: &BenchResult| if several_models { format!("{} ", x.config.model) } else { String::new() };
     // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
-    let mut tg: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut tg = Lines::new();
     for x in &r.results {
         let c = &x.config;
         let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
@@ -166,31 +199,7 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         out.push(("decode_vs_batch.svg".into(), t.into(), line_chart(t, "batch size", "tokens/s (median)", &tg)?));
     }
 
-    // Latency percentiles vs context length at the smallest batch, first precision.
-    if let Some(first) = r.results.first() {
-        let b = r.results.iter().map(|x| x.config.batch).min().unwrap_or(1);
-        let kv = &first.config.kv_precision;
-        let mut lat: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        // A line per percentile, and per model, kernel and threads where the report has
-        // several: one line through all of them would zigzag between unlike runs.
-        let runs = |x: &BenchResult| (x.config.model.clone(), x.config.kernel.clone(), x.config.threads);
-        let mut kinds: Vec<_> = r.results.iter().map(runs).collect();
-        kinds.sort();
-        kinds.dedup();
-        for x in r.results.iter().filter(|x| x.config.batch == b && &x.config.kv_precision == kv) {
-            let l = &x.decode.latency_ms;
-            let c = &x.config;
-            for (name, v) in [("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)] {
-                let key = if kinds.len() > 1 {
-                    format!("{name} {} {} t{}", c.model, c.kernel, c.threads)
-                } else {
-                    name.to_string()
-                };
-                lat.entry(key).or_default().push((c.context_length as f64, v));
-            }
-        }
-        lat.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
-        let t = format!("Inter-token latency vs context length (batch {b}, KV {kv})");
+    if let Some((t, lat)) = latency_lines(r) {
         out.push(("latency_vs_context.svg".into(), t.clone(), line_chart(&t, "context length", "ms", &lat)?));
     }
 

@@ -282,6 +282,32 @@ fn charts_and_page_are_written_for_a_report() {
 }
 
 #[test]
+fn the_latency_chart_draws_every_kv_precision_at_the_smallest_batch() {
+    let latency = |r: &Report| {
+        let charts = bitnet_bench::plots::charts(r).unwrap();
+        let (_, title, svg) = charts.into_iter().find(|c| c.0 == "latency_vs_context.svg").unwrap();
+        (title, svg)
+    };
+    // The first result int8, as in a `show` of our int8 run beside llama-bench's f16 one: the
+    // chart had drawn the first result's precision only.
+    let mut r = sweep(None);
+    r.results.sort_by_key(|x| x.config.kv_precision != "int8");
+    let (title, svg) = latency(&r);
+    assert_eq!(title, "Inter-token latency vs context length (batch 1)");
+    for label in ["p50 KV int8", "p99 KV int8", "p50 KV f16", "p99 KV f16"] {
+        assert!(svg.contains(&format!(">\n{label}\n<")), "{label} missing");
+    }
+    assert!(!svg.contains("p90"), "two kinds of run: p50 and p99 each");
+    // One kind of run: a line per percentile, the precision in the title.
+    r.results.retain(|x| x.config.kv_precision == "f16");
+    let (title, svg) = latency(&r);
+    assert_eq!(title, "Inter-token latency vs context length (batch 1, KV f16)");
+    for label in ["p50", "p90", "p95", "p99"] {
+        assert!(svg.contains(&format!(">\n{label}\n<")), "{label} missing");
+    }
+}
+
+#[test]
 fn a_sweep_interrupted_in_its_first_combination_still_gets_a_page() {
     // Stopped in the 2nd run of the first combination: nothing finished.
     let r = sweep(Some(2));
