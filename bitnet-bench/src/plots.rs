@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
-use crate::report::{BenchResult, Config, Report};
+use crate::report::{BenchResult, Report};
 
 const W: u32 = 760;
 const H: u32 = 440;
@@ -153,14 +153,18 @@ fn latency_lines(r: &Report) -> Option<(String, Lines)> {
     let b = r.results.iter().map(|x| x.config.batch).min()?;
     let at_b: Vec<&BenchResult> = r.results.iter().filter(|x| x.config.batch == b).collect();
     // Which of model, kernel, threads and precision differ between the runs: those label the lines.
-    let parts =
-        |c: &Config| [c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)];
-    let first = parts(&at_b[0].config);
-    let varies: [bool; 4] = std::array::from_fn(|i| at_b.iter().any(|x| parts(&x.config)[i] != first[i]));
+    let parts: Vec<[String; 4]> = at_b
+        .iter()
+        .map(|x| {
+            let c = &x.config;
+            [c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)]
+        })
+        .collect();
+    let varies: [bool; 4] = std::array::from_fn(|i| parts.iter().any(|p| p[i] != parts[0][i]));
     let mut lat = Lines::new();
-    for x in &at_b {
+    for (x, p) in at_b.iter().zip(&parts) {
         let (l, c) = (&x.decode.latency_ms, &x.config);
-        let label: String = parts(c).iter().zip(varies).filter(|(_, v)| *v).map(|(p, _)| format!(" {p}")).collect();
+        let label: String = p.iter().zip(varies).filter(|(_, v)| *v).map(|(s, _)| format!(" {s}")).collect();
         let percentiles: &[(&str, f64)] = if !varies.contains(&true) {
             &[("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)]
         } else {
