@@ -449,14 +449,13 @@ pub(crate) unsafe fn f16_to_f64(d: half::f16) -> f64 {
 /// Tokens processed together per pass over a weight row (codes unpacked once for all of them).
 const GROUP: usize = 4;
 
-/// Rows of a batched I2/TQ2 tile ([`code_tile`]): one row × [`GROUP`] tokens, so that one
-/// decode of a field's codes serves four tokens and nothing spills. Measured against the
-/// alternatives (Zen 3, `bitnet-bench kernels --batch 8`, Mrow·tok/s, 2560-wide rows / the
-/// 6912-wide down projection): 1 × 4 45.7 / 18.2; 2 × 4 39–42 / 16.1–16.6 (eight i16
-/// accumulators, two code rows, the activation and the mask left LLVM spilling accumulators
-/// with AVX2's 16 registers); 1 × 8 44.8 / 12.5 (eight tokens of 6912-wide activations, 55 KiB,
-/// overflow the 32 KiB L1d).
-const TILE_ROWS: usize = 1;
+/// Rows of a batched I2/TQ2 tile: two rows × [`GROUP`] tokens ([`code_tile_2x4`]), one row
+/// for the groups of fewer tokens and a block's last odd row ([`code_tile`]). Measured with
+/// intrinsics before the assembly tile (Zen 3, `bitnet-bench kernels --batch 8`, Mrow·tok/s,
+/// 2560-wide rows / the 6912-wide down projection): 1 × 4 45.7 / 18.2; 2 × 4 39–42 / 16.1–16.6
+/// (LLVM spilled accumulators with AVX2's 16 registers); 1 × 8 44.8 / 12.5 (eight tokens of
+/// 6912-wide activations, 55 KiB, overflow the 32 KiB L1d).
+const TILE_ROWS: usize = 2;
 
 /// Blocks of 256 codes summed in i16 lanes before they are widened to i32 (one `vpmaddwd` per
 /// accumulator): a `vpmaddubsw` pair sum of codes ≤ 2 and activations in [−128, 127] lies in
@@ -464,17 +463,18 @@ const TILE_ROWS: usize = 1;
 /// every half block, as the kernels before these did, cost one multiply for four.
 const I16_BLOCKS: usize = 4;
 
-/// Runs `$tile::<1, G>($args…)` for the token count `$g` ∈ 1..=4 of a [`batched_tiles`] step
-/// and evaluates to the one row it did.
+/// Runs `$tile::<R, G>($args…)` for the token count `$g` ∈ 1..=4 of a [`batched_tiles`] step
+/// and the rows `$left` it may take: two rows ([`code_tile_2x4`]) for a whole group of four
+/// tokens, else one. Evaluates to the rows it did.
 macro_rules! code_tile_for {
-    ($tile:ident, $g:expr, ($($arg:expr),*)) => {{
-        match $g {
-            1 => $tile::<1, 1>($($arg),*),
-            2 => $tile::<1, 2>($($arg),*),
-            3 => $tile::<1, 3>($($arg),*),
-            _ => $tile::<1, GROUP>($($arg),*),
+    ($tile:ident, $g:expr, $left:expr, ($($arg:expr),*)) => {{
+        match ($g, $left >= 2) {
+            (1, _) => { $tile::<1, 1>($($arg),*); 1 }
+            (2, _) => { $tile::<1, 2>($($arg),*); 1 }
+            (3, _) => { $tile::<1, 3>($($arg),*); 1 }
+            (_, true) => { $tile::<2, GROUP>($($arg),*); 2 }
+            (_, false) => { $tile::<1, GROUP>($($arg),*); 1 }
         }
-        1
     }};
 }
 
@@ -482,8 +482,8 @@ macro_rules! code_tile_for {
 unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     if batch > 1 {
-        batched_tiles::<TILE_ROWS, GROUP>(rows, w.row_bytes(), batch, out, |r, _, b0, g, first, o| {
-            code_tile_for!(i2_tile, g, (w, r, x, b0, first, o))
+        batched_tiles::<TILE_ROWS, GROUP>(rows, w.row_bytes(), batch, out, |r, left, b0, g, first, o| {
+            code_tile_for!(i2_tile, g, left, (w, r, x, b0, first, o))
         });
         return;
     }
@@ -523,7 +523,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
 ) {
     let batch = x.batch();
     let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr(), r, x, b0);
-    let sums = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
+    let sums = tile_sums::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     for i in 0..R {
         for g in 0..G {
@@ -535,6 +535,32 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
             out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
     }
+}
+
+/// [`code_tile`]'s sums, by [`code_tile_2x4`] for two rows × four tokens.
+#[inline(always)]
+unsafe fn tile_sums<const R: usize, const G: usize, const TQ2: bool>(
+    src: [*const u8; R],
+    stride: usize,
+    blocks: usize,
+    xs: [*const u8; G],
+    prefetch: bool,
+) -> [[i32; G]; R] {
+    if R != 2 || G != GROUP || blocks == 0 {
+        return code_tile::<R, G, TQ2>(src, stride, blocks, xs, prefetch);
+    }
+    debug_assert_eq!(stride, if TQ2 { std::mem::size_of::<BlockTq2_0>() } else { I2_BLOCK_BYTES });
+    let mut xs4 = [std::ptr::null(); GROUP];
+    xs4.copy_from_slice(&xs[..GROUP]);
+    let rs = (src[R - 1] as usize).wrapping_sub(src[0] as usize);
+    let two = code_tile_2x4::<TQ2>(src[0], rs, blocks, xs4, prefetch);
+    let mut sums = [[0i32; G]; R];
+    for i in 0..R {
+        for g in 0..G {
+            sums[i][g] = two[i][g];
+        }
+    }
+    sums
 }
 
 /// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit
@@ -597,6 +623,235 @@ unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
         }
     }
     reduce_tile(acc)
+}
+
+/// One field of a [`code_tile_2x4`] chunk: the two rows' codes `(raw >> shift) & 3` (`$split`,
+/// four ops), then the eight products with the four tokens' 32 activations at byte `$o` of
+/// the block, each added to its i16 accumulator. The activations are memory operands, loaded
+/// once per row; `{p}` and `{q}` point at tokens 0 and 2, `{ts}` is the token stride.
+macro_rules! field_2x4 {
+    ($split:expr, $o:literal) => {
+        concat!(
+            $split,
+            "vpmaddubsw {t0}, {c0}, ymmword ptr [{p} + ",
+            $o,
+            "]\n",
+            "vpaddw {a00}, {a00}, {t0}\n",
+            "vpmaddubsw {t1}, {c1}, ymmword ptr [{p} + ",
+            $o,
+            "]\n",
+            "vpaddw {a10}, {a10}, {t1}\n",
+            "vpmaddubsw {t0}, {c0}, ymmword ptr [{p} + {ts} + ",
+            $o,
+            "]\n",
+            "vpaddw {a01}, {a01}, {t0}\n",
+            "vpmaddubsw {t1}, {c1}, ymmword ptr [{p} + {ts} + ",
+            $o,
+            "]\n",
+            "vpaddw {a11}, {a11}, {t1}\n",
+            "vpmaddubsw {t0}, {c0}, ymmword ptr [{q} + ",
+            $o,
+            "]\n",
+            "vpaddw {a02}, {a02}, {t0}\n",
+            "vpmaddubsw {t1}, {c1}, ymmword ptr [{q} + ",
+            $o,
+            "]\n",
+            "vpaddw {a12}, {a12}, {t1}\n",
+            "vpmaddubsw {t0}, {c0}, ymmword ptr [{q} + {ts} + ",
+            $o,
+            "]\n",
+            "vpaddw {a03}, {a03}, {t0}\n",
+            "vpmaddubsw {t1}, {c1}, ymmword ptr [{q} + {ts} + ",
+            $o,
+            "]\n",
+            "vpaddw {a13}, {a13}, {t1}\n",
+        )
+    };
+}
+
+/// `$split` of [`field_2x4`] for field 0 (no shift) and for the fields at `$shift` bits.
+macro_rules! split_2x4 {
+    () => {
+        "vpand {c0}, {r0}, {m}\nvpand {c1}, {r1}, {m}\n"
+    };
+    ($shift:literal) => {
+        concat!(
+            "vpsrlw {c0}, {r0}, ",
+            $shift,
+            "\nvpand {c0}, {c0}, {m}\nvpsrlw {c1}, {r1}, ",
+            $shift,
+            "\nvpand {c1}, {c1}, {m}\n"
+        )
+    };
+}
+
+/// A 32-byte code chunk at byte `$at` of both rows' blocks, its four fields against the
+/// activations at `$o0..$o3` of the block.
+macro_rules! chunk_2x4 {
+    ($at:literal, $o0:literal, $o1:literal, $o2:literal, $o3:literal) => {
+        concat!(
+            "vmovdqu {r0}, ymmword ptr [{c} + ",
+            $at,
+            "]\nvmovdqu {r1}, ymmword ptr [{c} + {rs} + ",
+            $at,
+            "]\n",
+            field_2x4!(split_2x4!(), $o0),
+            field_2x4!(split_2x4!("2"), $o1),
+            field_2x4!(split_2x4!("4"), $o2),
+            field_2x4!(split_2x4!("6"), $o3),
+        )
+    };
+}
+
+/// Rows `src`, `src + rs` × tokens `xs` (equally spaced) over `blocks` ≥ 1 blocks of 256
+/// 2-bit codes: [`code_tile`]'s sums for two rows and four tokens, the same integer additions
+/// in another order, so exactly equal. In assembly because the tile needs 15 of AVX2's 16
+/// vector registers (eight i16 accumulators, two code chunks, the mask, two fields, two
+/// products): written with intrinsics, LLVM also kept the i32 sums in registers and spilled
+/// accumulators in the inner loop (39–42 Mrow·tok/s against 45.7 for one row). Here the i32
+/// sums live in memory, added to once per [`I16_BLOCKS`] blocks.
+///
+/// Why two rows: each activation vector loaded serves two rows and each code chunk four
+/// tokens, so there are six loads per eight `vpmaddubsw` where one row had five per four; Zen 3
+/// loads two vectors per cycle and runs about 1.6 `vpmaddubsw` + `vpaddw` pairs per cycle. A C
+/// mock-up of the loop alone reached 45 multiply-adds per cycle against 36 for one row. In the
+/// kernel (`bitnet-bench kernels --isa avx2 --form fused --batch 8 128`, one thread, old and
+/// new binaries alternating), Mrow·tok/s: 2560-wide rows 45.5 → 47.7, the 6912-wide down
+/// projection 18.1 → 19.4; a profile puts 83% of the time in this loop, the rest in the
+/// tiles' set-up and outputs.
+///
+/// With `prefetch` (the first token group, which streams the rows from memory), both rows are
+/// asked for as one ascending stream, as [`code_tile`] does.
+#[inline]
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn code_tile_2x4<const TQ2: bool>(
+    src: *const u8,
+    rs: usize,
+    blocks: usize,
+    xs: [*const u8; GROUP],
+    prefetch: bool,
+) -> [[i32; GROUP]; 2] {
+    let ts = (xs[1] as usize).wrapping_sub(xs[0] as usize);
+    debug_assert!(xs.windows(2).all(|w| (w[1] as usize).wrapping_sub(w[0] as usize) == ts));
+    let m = _mm256_set1_epi8(3);
+    let (mut c, mut p, mut q, mut pf, mut n) = (src, xs[0], xs[2], src, blocks);
+    // The i32 sums, row-major ([i][g] at 4i + g), added to in memory once per I16_BLOCKS.
+    let mut acc = [_mm256_setzero_si256(); 2 * GROUP];
+    let sums = acc.as_mut_ptr();
+    // SAFETY: the caller guarantees `blocks` ≥ 1 whole blocks in both rows from `src` and
+    // `blocks × 256` activation bytes from each of `xs`; the asm reads only those (prefetches
+    // never fault) and writes only `acc` and its register operands.
+    macro_rules! run {
+        ($stride:literal, $pf:expr, $chunks:expr $(, $($extra:tt)*)?) => {
+            std::arch::asm!(
+                "3:",
+                // Blocks of this pass: min(n, I16_BLOCKS).
+                "mov {k}, {i16_blocks}",
+                "cmp {n}, {k}",
+                "cmovb {k}, {n}",
+                "sub {n}, {k}",
+                "vpxor {a00}, {a00}, {a00}", "vpxor {a01}, {a01}, {a01}", "vpxor {a02}, {a02}, {a02}",
+                "vpxor {a03}, {a03}, {a03}", "vpxor {a10}, {a10}, {a10}", "vpxor {a11}, {a11}, {a11}",
+                "vpxor {a12}, {a12}, {a12}", "vpxor {a13}, {a13}, {a13}",
+                "2:",
+                $pf,
+                $chunks,
+                concat!("add {c}, ", $stride),
+                "add {p}, 256",
+                "add {q}, 256",
+                "dec {k}",
+                "jnz 2b",
+                // Widen (i16 pairs → i32 lanes, `vpmaddwd` with ones) and add to the sums.
+                "vpcmpeqw {t0}, {t0}, {t0}",
+                "vpsrlw {t0}, {t0}, 15",
+                "vpmaddwd {a00}, {a00}, {t0}", "vpaddd {a00}, {a00}, ymmword ptr [{acc}]",
+                "vmovdqu ymmword ptr [{acc}], {a00}",
+                "vpmaddwd {a01}, {a01}, {t0}", "vpaddd {a01}, {a01}, ymmword ptr [{acc} + 32]",
+                "vmovdqu ymmword ptr [{acc} + 32], {a01}",
+                "vpmaddwd {a02}, {a02}, {t0}", "vpaddd {a02}, {a02}, ymmword ptr [{acc} + 64]",
+                "vmovdqu ymmword ptr [{acc} + 64], {a02}",
+                "vpmaddwd {a03}, {a03}, {t0}", "vpaddd {a03}, {a03}, ymmword ptr [{acc} + 96]",
+                "vmovdqu ymmword ptr [{acc} + 96], {a03}",
+                "vpmaddwd {a10}, {a10}, {t0}", "vpaddd {a10}, {a10}, ymmword ptr [{acc} + 128]",
+                "vmovdqu ymmword ptr [{acc} + 128], {a10}",
+                "vpmaddwd {a11}, {a11}, {t0}", "vpaddd {a11}, {a11}, ymmword ptr [{acc} + 160]",
+                "vmovdqu ymmword ptr [{acc} + 160], {a11}",
+                "vpmaddwd {a12}, {a12}, {t0}", "vpaddd {a12}, {a12}, ymmword ptr [{acc} + 192]",
+                "vmovdqu ymmword ptr [{acc} + 192], {a12}",
+                "vpmaddwd {a13}, {a13}, {t0}", "vpaddd {a13}, {a13}, ymmword ptr [{acc} + 224]",
+                "vmovdqu ymmword ptr [{acc} + 224], {a13}",
+                "test {n}, {n}",
+                "jnz 3b",
+                c = inout(reg) c,
+                rs = in(reg) rs,
+                p = inout(reg) p,
+                q = inout(reg) q,
+                ts = in(reg) ts,
+                n = inout(reg) n,
+                k = out(reg) _,
+                acc = in(reg) sums,
+                i16_blocks = const I16_BLOCKS,
+                m = in(ymm_reg) m,
+                a00 = out(ymm_reg) _,
+                a01 = out(ymm_reg) _,
+                a02 = out(ymm_reg) _,
+                a03 = out(ymm_reg) _,
+                a10 = out(ymm_reg) _,
+                a11 = out(ymm_reg) _,
+                a12 = out(ymm_reg) _,
+                a13 = out(ymm_reg) _,
+                r0 = out(ymm_reg) _,
+                r1 = out(ymm_reg) _,
+                c0 = out(ymm_reg) _,
+                c1 = out(ymm_reg) _,
+                t0 = out(ymm_reg) _,
+                t1 = out(ymm_reg) _,
+                $($($extra)*)?
+                options(nostack),
+            )
+        };
+    }
+    // TQ2_0: chunk j (bytes 32j..) holds the weights 128j + 32n + m at shift 2n; I2_S:
+    // half h (bytes 32h..) holds the weights 64n + 32h + m at shift 2n.
+    match (TQ2, prefetch) {
+        (true, false) => run!(
+            "66",
+            "",
+            concat!(chunk_2x4!("0", "0", "32", "64", "96"), chunk_2x4!("32", "128", "160", "192", "224"))
+        ),
+        (true, true) => run!(
+            "66",
+            concat!(
+                "prefetcht1 byte ptr [{pf} + {l2}]\nprefetcht0 byte ptr [{pf} + {l1}]\n",
+                "prefetcht1 byte ptr [{pf} + {l2} + 64]\nprefetcht0 byte ptr [{pf} + {l1} + 64]\n",
+                "prefetcht1 byte ptr [{pf} + {l2} + 128]\nprefetcht0 byte ptr [{pf} + {l1} + 128]\n",
+                "add {pf}, 132\n"
+            ),
+            concat!(chunk_2x4!("0", "0", "32", "64", "96"), chunk_2x4!("32", "128", "160", "192", "224")),
+            pf = inout(reg) pf,
+            l1 = const PREFETCH_L1_BYTES,
+            l2 = const PREFETCH_L2_BYTES,
+        ),
+        (false, false) => run!(
+            "64",
+            "",
+            concat!(chunk_2x4!("0", "0", "64", "128", "192"), chunk_2x4!("32", "32", "96", "160", "224"))
+        ),
+        (false, true) => run!(
+            "64",
+            concat!(
+                "prefetcht1 byte ptr [{pf} + {l2}]\nprefetcht0 byte ptr [{pf} + {l1}]\n",
+                "prefetcht1 byte ptr [{pf} + {l2} + 64]\nprefetcht0 byte ptr [{pf} + {l1} + 64]\n",
+                "add {pf}, 128\n"
+            ),
+            concat!(chunk_2x4!("0", "0", "64", "128", "192"), chunk_2x4!("32", "32", "96", "160", "224")),
+            pf = inout(reg) pf,
+            l1 = const PREFETCH_L1_BYTES,
+            l2 = const PREFETCH_L2_BYTES,
+        ),
+    }
+    let _ = (c, p, q, pf, n);
+    reduce_tile([[acc[0], acc[1], acc[2], acc[3]], [acc[4], acc[5], acc[6], acc[7]]])
 }
 
 /// Lane sums of a tile's i32 accumulators, `[i][g]` for row i and token g: four per reduction
@@ -789,11 +1044,12 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     let batch = x.batch();
     if batch > 1 {
         let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
-        batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, _, b0, g, first, o| {
+        batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             // Rows with one scale for all their blocks take the integer tiles, as I2; a row
             // with a scale per block takes the f64 kernel.
             if w.row_has_uniform_scale(r) {
-                return code_tile_for!(tq2_uniform_tile, g, (w, r, x, b0, first, o));
+                let left = if left >= 2 && w.row_has_uniform_scale(r + 1) { left } else { 1 };
+                return code_tile_for!(tq2_uniform_tile, g, left, (w, r, x, b0, first, o));
             }
             tq2_row_block_scaled(w, r, x, b0, &mut o[b0..b0 + g]);
             1
@@ -854,7 +1110,7 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
 ) {
     let batch = x.batch();
     let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr() as *const u8, r, x, b0);
-    let sums = code_tile::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
+    let sums = tile_sums::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
     for i in 0..R {
         let d = f16_to_f64(w.row(r + i)[0].d);
         for g in 0..G {
