@@ -709,6 +709,21 @@ macro_rules! split_2x4 {
     };
 }
 
+/// The prefetches of one block step of [`code_tile_2x4`]: the lines at `$line` bytes from
+/// `{pf}`, each far ahead into L2 and near ahead into L1 (as [`prefetch_stream`]), then `{pf}`
+/// moves on by `$advance` bytes (both rows' blocks, read as one ascending stream).
+macro_rules! prefetch_2x4 {
+    ($advance:literal, $($line:literal),*) => {
+        concat!(
+            $(
+                "prefetcht1 byte ptr [{pf} + {l2} + ", $line, "]\n",
+                "prefetcht0 byte ptr [{pf} + {l1} + ", $line, "]\n",
+            )*
+            "add {pf}, ", $advance, "\n"
+        )
+    };
+}
+
 /// A 32-byte code chunk at byte `$at` of both rows' blocks, its four fields against the
 /// activations at `$o0..$o3` of the block.
 macro_rules! chunk_2x4 {
@@ -837,44 +852,37 @@ unsafe fn code_tile_2x4<const TQ2: bool>(
             )
         };
     }
+    // With prefetches: `run!` plus their pointer and distances.
+    macro_rules! run_prefetching {
+        ($stride:literal, $pf:expr, $chunks:expr) => {
+            run!(
+                $stride,
+                $pf,
+                $chunks,
+                pf = inout(reg) pf,
+                l1 = const PREFETCH_L1_BYTES,
+                l2 = const PREFETCH_L2_BYTES,
+            )
+        };
+    }
     // TQ2_0: chunk j (bytes 32j..) holds the weights 128j + 32n + m at shift 2n; I2_S:
-    // half h (bytes 32h..) holds the weights 64n + 32h + m at shift 2n.
-    match (TQ2, prefetch) {
-        (true, false) => run!(
-            "66",
-            "",
+    // half h (bytes 32h..) holds the weights 64n + 32h + m at shift 2n. Two rows of TQ2_0
+    // blocks span 132 bytes, three lines; of I2 blocks 128 bytes, two.
+    macro_rules! tq2_chunks {
+        () => {
             concat!(chunk_2x4!("0", "0", "32", "64", "96"), chunk_2x4!("32", "128", "160", "192", "224"))
-        ),
-        (true, true) => run!(
-            "66",
-            concat!(
-                "prefetcht1 byte ptr [{pf} + {l2}]\nprefetcht0 byte ptr [{pf} + {l1}]\n",
-                "prefetcht1 byte ptr [{pf} + {l2} + 64]\nprefetcht0 byte ptr [{pf} + {l1} + 64]\n",
-                "prefetcht1 byte ptr [{pf} + {l2} + 128]\nprefetcht0 byte ptr [{pf} + {l1} + 128]\n",
-                "add {pf}, 132\n"
-            ),
-            concat!(chunk_2x4!("0", "0", "32", "64", "96"), chunk_2x4!("32", "128", "160", "192", "224")),
-            pf = inout(reg) pf,
-            l1 = const PREFETCH_L1_BYTES,
-            l2 = const PREFETCH_L2_BYTES,
-        ),
-        (false, false) => run!(
-            "64",
-            "",
+        };
+    }
+    macro_rules! i2_chunks {
+        () => {
             concat!(chunk_2x4!("0", "0", "64", "128", "192"), chunk_2x4!("32", "32", "96", "160", "224"))
-        ),
-        (false, true) => run!(
-            "64",
-            concat!(
-                "prefetcht1 byte ptr [{pf} + {l2}]\nprefetcht0 byte ptr [{pf} + {l1}]\n",
-                "prefetcht1 byte ptr [{pf} + {l2} + 64]\nprefetcht0 byte ptr [{pf} + {l1} + 64]\n",
-                "add {pf}, 128\n"
-            ),
-            concat!(chunk_2x4!("0", "0", "64", "128", "192"), chunk_2x4!("32", "32", "96", "160", "224")),
-            pf = inout(reg) pf,
-            l1 = const PREFETCH_L1_BYTES,
-            l2 = const PREFETCH_L2_BYTES,
-        ),
+        };
+    }
+    match (TQ2, prefetch) {
+        (true, false) => run!("66", "", tq2_chunks!()),
+        (true, true) => run_prefetching!("66", prefetch_2x4!("132", "0", "64", "128"), tq2_chunks!()),
+        (false, false) => run!("64", "", i2_chunks!()),
+        (false, true) => run_prefetching!("64", prefetch_2x4!("128", "0", "64"), i2_chunks!()),
     }
     let _ = (c, p, q, pf, n);
     reduce_tile([[acc[0], acc[1], acc[2], acc[3]], [acc[4], acc[5], acc[6], acc[7]]])
