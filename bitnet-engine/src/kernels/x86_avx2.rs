@@ -546,7 +546,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
     }
 }
 
-/// Four i32 from the first four of `v` (a tile's sums of four tokens, or theirs).
+/// Four i32 from `v[..4]`: a tile's sums of four tokens, or those tokens' activation sums.
 #[inline(always)]
 unsafe fn load4_i32(v: &[i32]) -> __m128i {
     _mm_loadu_si128(v[..4].as_ptr() as *const __m128i)
@@ -750,10 +750,13 @@ macro_rules! chunk_2x4 {
 /// accumulators in the inner loop (39–42 Mrow·tok/s against 45.7 for one row). Here the i32
 /// sums live in memory, added to once per [`I16_BLOCKS`] blocks.
 ///
-/// Why two rows: each activation vector loaded serves two rows and each code chunk four
-/// tokens, so there are six loads per eight `vpmaddubsw` where one row had five per four; Zen 3
-/// loads two vectors per cycle and runs about 1.6 `vpmaddubsw` + `vpaddw` pairs per cycle. A C
-/// mock-up of the loop alone reached 45 multiply-adds per cycle against 36 for one row. In the
+/// What two rows change: each code load and each field's split (two ops per row) still feed
+/// four multiplies per row, and the activations are still memory operands of the multiplies,
+/// read from L1 once per row (so per multiply the loads and splits are as many as one row's).
+/// What the wider tile saves is the rest of the loop: one set of pointer and counter updates
+/// for twice the work, no spills, and the i32 sums out of the registers. Zen 3 runs about 1.6
+/// `vpmaddubsw` + `vpaddw` pairs and two vector loads per cycle. A C
+/// mock-up of this loop alone reached 45 multiply-adds per cycle. In the
 /// kernel (`bitnet-bench kernels --isa avx2 --form fused --batch 8 128`, one thread, old and
 /// new binaries alternating), Mrow·tok/s: 2560-wide rows 45.5 → 47.7, the 6912-wide down
 /// projection 18.1 → 19.4. A profile then put 83% of the time in this loop and 11% in the
