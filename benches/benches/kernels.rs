@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use bitnet_benches::{activations, SHAPES_2B4T};
+use bitnet_benches::{activations, shapes_2b4t};
 use bitnet_engine::{Kernel, KernelFamily, KernelScratch};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 fn kernels(c: &mut Criterion) {
-    for (shape, n, k) in SHAPES_2B4T {
+    for (shape, n, k) in shapes_2b4t() {
         for b in [1usize, 8] {
             let mut group = c.benchmark_group(format!("kernels/{shape}/B{b}"));
             group

@@ -1,20 +1,20 @@
-//! Kernel throughput sweep: every kernel on BitNet b1.58 2B4T matrix shapes, in cache and
-//! streaming from DRAM, quoted against the memory-bandwidth probe and the scalar oracle
+//! Kernel throughput sweep: every kernel on one model's matrix shapes (BitNet b1.58 2B4T's by
+//! default), in cache and streaming from DRAM, quoted against the memory-bandwidth probe and the scalar oracle
 //! measured in the same run (these machines are shared and noisy: ratios, not absolutes).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
-use bitnet_engine::{ActivationBatch, Kernel, KernelFamily, KernelScratch, PackedWeights, WeightFormat};
+use bitnet_engine::{ActivationBatch, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights, WeightFormat};
 
-/// The linear-layer shapes (N outputs × K inputs) of BitNet b1.58 2B4T.
-pub const SHAPES_2B4T: [(&str, usize, usize); 4] = [
-    ("q/o 2560x2560", 2560, 2560),
-    ("k/v 640x2560", 640, 2560),
-    ("gate/up 6912x2560", 6912, 2560),
-    ("down 2560x6912", 2560, 6912),
-];
+/// The preset whose linear-layer shapes the sweep runs unless told otherwise.
+pub const DEFAULT_SHAPES: &str = "bitnet-b1.58-2b-4t";
+
+/// The linear-layer shapes (name, N outputs, K inputs) of the preset `name`.
+pub fn preset_shapes(name: &str) -> Result<Vec<(String, usize, usize)>> {
+    Ok(ModelConfig::preset(name).with_context(|| format!("--shapes {name}"))?.linear_shapes())
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct SweepOptions {
     pub streaming_bytes: usize,
     /// Bytes of the bandwidth probe buffer.
     pub probe_bytes: usize,
-    /// Shapes to run in cache (N, K).
+    /// Shapes to run in cache (name, N, K); the streaming case uses the one with most weights.
     pub shapes: Vec<(String, usize, usize)>,
 }
 
@@ -44,7 +44,7 @@ impl Default for SweepOptions {
             samples: 7,
             streaming_bytes: 512 << 20,
             probe_bytes: bitnet_engine::bandwidth::DEFAULT_PROBE_BYTES,
-            shapes: SHAPES_2B4T.iter().map(|(n, r, c)| (n.to_string(), *r, *c)).collect(),
+            shapes: preset_shapes(DEFAULT_SHAPES).expect("a known preset"),
         }
     }
 }
@@ -173,9 +173,11 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         }
     }
     if opts.streaming_bytes > 0 {
-        // gate/up shape, enough distinct matrices that the set is ≫ LLC: each call reads weights
-        // the previous ~500 MiB of calls have evicted, as batch-1 decode does.
-        let (n, k) = (6912usize, 2560usize);
+        // The largest shape (the first of equals: gate/up), enough distinct matrices that the set is ≫ LLC: each call
+        // reads weights the previous ~500 MiB of calls have evicted, as batch-1 decode does.
+        let Some(&(_, n, k)) = opts.shapes.iter().rev().max_by_key(|(_, n, k)| n * k) else {
+            bail!("no shapes to run");
+        };
         // Each family's best kernel (best ISA, default form) among those selected.
         let mut best: Vec<Kernel> = opts
             .kernels
@@ -200,7 +202,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
                     i = (i + 1) % set.len();
                     Ok(kernel.matmul(&set[i], &x, 0..n, &mut out, &mut scratch)?)
                 })?;
-                let r = result(kernel.for_batch(b), &set[0], &format!("stream {count}x 6912x2560"), b, true, secs);
+                let r = result(kernel.for_batch(b), &set[0], &format!("stream {count}x {n}x{k}"), b, true, secs);
                 progress(&r);
                 results.push(r);
             }

@@ -108,7 +108,7 @@ enum Command {
     /// Feed token ids, generate (greedy, or sampled with --temperature), print the new token
     /// ids (timings on stderr).
     Run(RunCmd),
-    /// Kernel throughput on BitNet b1.58 2B4T shapes, in cache and streaming, against the
+    /// Kernel throughput on a model's matrix shapes (2B4T's unless --shapes), in cache and streaming, against the
     /// memory-bandwidth probe and the scalar oracle.
     Kernels(KernelArgs),
     /// Check a report against the schema and its invariants.
@@ -243,6 +243,9 @@ struct KernelArgs {
     /// MiB read by the bandwidth probe.
     #[arg(long, default_value_t = 1024)]
     probe_mib: usize,
+    /// Run the linear-layer shapes of this preset (e.g. bitnet-b1.58-large).
+    #[arg(long, default_value = kernel_sweep::DEFAULT_SHAPES)]
+    shapes: String,
     /// Quick run: shorter timings, 64 MiB probe, no streaming case (for smoke tests only).
     #[arg(long)]
     quick: bool,
@@ -358,7 +361,11 @@ fn run(cli: Cli) -> Result<()> {
         }
         None => return model_sweep(cli.sweep),
     };
-    let mut opts = SweepOptions { batches: args.batch.clone(), ..Default::default() };
+    let mut opts = SweepOptions {
+        batches: args.batch.clone(),
+        shapes: kernel_sweep::preset_shapes(&args.shapes)?,
+        ..Default::default()
+    };
     opts.kernels.retain(|k| {
         (args.kernels.is_empty() || args.kernels.contains(&k.family()) || k.family() == KernelFamily::Scalar)
             && (args.isa.is_empty() || args.isa.contains(&k.isa()) || k.family() == KernelFamily::Scalar)

@@ -106,6 +106,25 @@ impl ModelConfig {
         self.kv_heads * self.head_dim()
     }
 
+    /// The distinct shapes of a layer's seven BitLinear matmuls as (name, N outputs, K inputs),
+    /// in layer order; projections of equal shape share one entry, named by all of them
+    /// (`q/o 2560x2560` and `k/v 640x2560` for 2B4T, `q/k/v/o 1536x1536` for large).
+    pub fn linear_shapes(&self) -> Vec<(String, usize, usize)> {
+        let (h, q, kv, f) = (self.hidden, self.q_dim(), self.kv_dim(), self.ffn);
+        let all = [("q", q, h), ("k", kv, h), ("v", kv, h), ("o", h, q), ("gate", f, h), ("up", f, h), ("down", h, f)];
+        let mut shapes: Vec<(String, usize, usize)> = Vec::new();
+        for (name, n, k) in all {
+            match shapes.iter_mut().find(|(_, sn, sk)| (*sn, *sk) == (n, k)) {
+                Some(s) => s.0 = format!("{}/{}", s.0, name),
+                None => shapes.push((name.to_string(), n, k)),
+            }
+        }
+        for s in &mut shapes {
+            s.0 = format!("{} {}x{}", s.0, s.1, s.2);
+        }
+        shapes
+    }
+
     /// Checks the shapes fit together, naming the field that does not.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::Shape(format!("model '{}': {what}", self.name)));
@@ -195,6 +214,20 @@ mod tests {
         for p in PRESETS {
             ModelConfig::preset(p).unwrap();
         }
+    }
+
+    #[test]
+    fn linear_shapes_merge_equal_projections() {
+        let names = |p: &str| -> Vec<String> {
+            ModelConfig::preset(p).unwrap().linear_shapes().into_iter().map(|s| s.0).collect()
+        };
+        assert_eq!(
+            names("bitnet-b1.58-2b-4t"),
+            ["q/o 2560x2560", "k/v 640x2560", "gate/up 6912x2560", "down 2560x6912"]
+        );
+        assert_eq!(names("bitnet-b1.58-large"), ["q/k/v/o 1536x1536", "gate/up 4096x1536", "down 1536x4096"]);
+        let shapes = ModelConfig::preset("llama3-8b-1.58").unwrap().linear_shapes();
+        assert_eq!(shapes[1], ("k/v 1024x4096".to_string(), 1024, 4096));
     }
 
     #[test]
