@@ -67,6 +67,9 @@ pub struct Tq2Matrix {
     /// scale, so quantizer output is uniform except for all-zero blocks; kernels then sum the
     /// whole row in integers and scale once, which is exactly equal to scaling per block.
     uniform: Vec<bool>,
+    /// `[rows]`: each row's first block scale as f32 (exact), the row's one scale where it is
+    /// uniform: a kernel finishing four rows at once loads their scales as one vector.
+    row_scale: Vec<f32>,
 }
 
 /// Per row: do all of its blocks carry bit-identical scales? (Shared with TQ1_0.)
@@ -117,7 +120,8 @@ impl Tq2Matrix {
             return Err(Error::Value(format!("TQ2_0 block {i} holds code 3, which is not a ternary code")));
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
-        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform })
+        let row_scale = blocks.chunks(cols / QK_K).map(|row| row[0].d.to_f32()).collect();
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, row_scale })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
@@ -147,6 +151,11 @@ impl Tq2Matrix {
     #[inline]
     pub fn row_has_uniform_scale(&self, r: usize) -> bool {
         self.uniform[r]
+    }
+    /// Each row's first block scale (the row's one scale where [`Self::row_has_uniform_scale`]).
+    #[inline]
+    pub fn row_scales(&self) -> &[f32] {
+        &self.row_scale
     }
     pub fn row(&self, r: usize) -> &[BlockTq2_0] {
         let n = self.blocks_per_row();
