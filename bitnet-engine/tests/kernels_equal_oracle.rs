@@ -331,7 +331,8 @@ fn tq2_with_varied_block_scales_equals_oracle() {
     let mut g = SplitMix64::new(13);
     // Most rows keep one scale for all their blocks (the kernels' integer fast path, in tiles
     // of up to four rows), a few get a different scale per block, so both paths run side by
-    // side in one matrix. The runs of uniform rows (5, 2, 6, 10 and 5 long) take every tile size.
+    // side in one matrix. The runs of uniform rows (5, 2, 6, 10 and 5 long) take every tile size;
+    // each uniform row has a scale of its own, so that a tile's rows are scaled each by its own.
     let per_row = k / QK_K;
     let uniform = |r: usize| ![5, 8, 15, 16, 27].contains(&r);
     let blocks: Vec<BlockTq2_0> = packed
@@ -339,7 +340,12 @@ fn tq2_with_varied_block_scales_equals_oracle() {
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            let d = if uniform(i / per_row) { b.d } else { half::f16::from_f32(0.01 + g.unit_f32() * 0.09) };
+            let r = i / per_row;
+            let d = if uniform(r) {
+                half::f16::from_f32(0.5 + 0.125 * r as f32)
+            } else {
+                half::f16::from_f32(0.01 + g.unit_f32() * 0.09)
+            };
             BlockTq2_0 { qs: b.qs, d }
         })
         .collect();

@@ -487,10 +487,20 @@ unsafe fn i2_fused(w: &I2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &
         });
         return;
     }
-    // One token: up to four rows per pass, each half-block's activation vectors loaded once for
-    // them all and their sums reduced together: on short rows (K = 1536, six blocks) the per-row
-    // epilogue weighed as much as a third of the loop.
+    // One token: four rows per pass, each half-block's activation vectors loaded once for them
+    // all and their sums reduced and finished together; on short rows (K = 1536, six blocks)
+    // the work between two passes' code loops weighs as much as a block.
     let mut r = rows.start;
+    let tiles = rows.len() / 4;
+    if w.tail_weights() == 0 && tiles > 0 {
+        let (xsum, ws, xs) = (_mm_set1_epi32(x.sum(0)), _mm_set1_ps(w.scale()), _mm_set1_ps(x.scale(0)));
+        one_token_tiles::<false>(w.row(r).as_ptr(), w.row_bytes(), w.full_blocks(), x, tiles, |t, sums| {
+            // `finish_tensor`'s operations in its order, four rows at once (so the same bits).
+            let v = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums, xsum)), ws), xs);
+            store4_f32(v, &mut out[4 * t..]);
+        });
+        r += 4 * tiles;
+    }
     while r < rows.end {
         let o = &mut out[r - rows.start..];
         r += match rows.end - r {
@@ -525,15 +535,6 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
     let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr(), r, x, b0);
     let sums = tile_sums::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
-    if G == 1 && R == 4 && t == 0 {
-        // One token, four rows: their outputs as one vector, by the operations of
-        // `finish_tensor` in its order (so the same bits).
-        debug_assert_eq!(batch, 1);
-        let v = _mm_cvtepi32_ps(_mm_sub_epi32(load4_i32(sums.as_flattened()), _mm_set1_epi32(x.sum(b0))));
-        let v = _mm_mul_ps(_mm_mul_ps(v, _mm_set1_ps(w.scale())), _mm_set1_ps(x.scale(b0)));
-        store4_f32(v, &mut out[..4]);
-        return;
-    }
     if G == GROUP && t == 0 {
         let (xsums, xscales) = (&x.sums()[b0..b0 + GROUP], &x.scales()[b0..b0 + GROUP]);
         for i in 0..R {
@@ -552,6 +553,31 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
             }
             out[i * batch + b] = finish_tensor(isum - x.sum(b), w.scale(), x.scale(b));
         }
+    }
+}
+
+/// One token × `tiles` passes over four rows each: the `4 × tiles` rows from `src` on lie
+/// `row_stride` bytes apart, `blocks` I2 (or, with `TQ2`, TQ2_0) blocks each. Calls
+/// `finish(t, sums)` with the integer sums of pass t's four rows. One loop for the run, so that
+/// between two passes' code loops there is only the reduction and the finish: the per-pass
+/// row checks, pointers and dispatch had cost 6–10% on 1536-wide rows.
+#[inline(always)]
+unsafe fn one_token_tiles<const TQ2: bool>(
+    src: *const u8,
+    row_stride: usize,
+    blocks: usize,
+    x: &ActivationBatch,
+    tiles: usize,
+    mut finish: impl FnMut(usize, __m128i),
+) {
+    debug_assert_eq!(x.batch(), 1);
+    let block_stride = if TQ2 { std::mem::size_of::<BlockTq2_0>() } else { I2_BLOCK_BYTES };
+    let xs = [x.token(0).as_ptr() as *const u8];
+    for t in 0..tiles {
+        let p = src.add(4 * t * row_stride);
+        let rows = [p, p.add(row_stride), p.add(2 * row_stride), p.add(3 * row_stride)];
+        let sums = code_tile::<4, 1, TQ2>(rows, block_stride, blocks, xs, true);
+        finish(t, load4_i32(sums.as_flattened()));
     }
 }
 
@@ -1102,15 +1128,26 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
         });
         return;
     }
-    // One token: up to four uniform rows per pass (as I2).
+    // One token: four uniform rows per pass (as I2), each run of uniform rows in one loop.
+    let (xsum, xs) = (_mm_set1_epi32(x.sum(0)), _mm_set1_ps(x.scale(0)));
+    let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
     let mut r = rows.start;
     while r < rows.end {
+        let tiles = (r..rows.end).take_while(|&i| w.row_has_uniform_scale(i)).count() / 4;
+        if tiles > 0 {
+            let (src, d, o) = (w.row(r).as_ptr() as *const u8, &w.row_scales()[r..], &mut out[r - rows.start..]);
+            one_token_tiles::<true>(src, row_bytes, w.blocks_per_row(), x, tiles, |t, sums| {
+                // `finish_blocks`'s operations in its order, four rows at once (so the same bits).
+                let d = _mm256_cvtps_pd(_mm_loadu_ps(d[4 * t..][..4].as_ptr()));
+                let v = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(sums, xsum)), d);
+                store4_f32(_mm_mul_ps(_mm256_cvtpd_ps(v), xs), &mut o[4 * t..]);
+            });
+            r += 4 * tiles;
+            continue;
+        }
         let o = &mut out[r - rows.start..];
         let uniform = |n: usize| r + n <= rows.end && (r..r + n).all(|i| w.row_has_uniform_scale(i));
-        let n = if uniform(4) {
-            tq2_uniform_tile::<4, 1>(w, r, x, 0, true, o);
-            4
-        } else if uniform(2) {
+        let n = if uniform(2) {
             tq2_uniform_tile::<2, 1>(w, r, x, 0, true, o);
             2
         } else if uniform(1) {
@@ -1157,17 +1194,6 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     let batch = x.batch();
     let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr() as *const u8, r, x, b0);
     let sums = tile_sums::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
-    if G == 1 && R == 4 {
-        // One token, four rows: their outputs as one vector, by the operations of
-        // `finish_blocks` in its order (so the same bits). Scalar, this finish took a fifth of
-        // the matmul on 1536-wide rows (six blocks).
-        debug_assert_eq!(batch, 1);
-        let d = _mm256_cvtps_pd(_mm_loadu_ps(w.row_scales()[r..r + 4].as_ptr()));
-        let v = _mm256_cvtepi32_pd(_mm_sub_epi32(load4_i32(sums.as_flattened()), _mm_set1_epi32(x.sum(b0))));
-        let v = _mm_mul_ps(_mm256_cvtpd_ps(_mm256_mul_pd(v, d)), _mm_set1_ps(x.scale(b0)));
-        store4_f32(v, &mut out[..4]);
-        return;
-    }
     if G == GROUP {
         let (xsums, xscales) = (&x.sums()[b0..b0 + GROUP], &x.scales()[b0..b0 + GROUP]);
         for i in 0..R {
