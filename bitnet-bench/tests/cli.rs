@@ -31,11 +31,25 @@ fn quick_kernel_sweep_prints_a_table_with_the_probe_and_ratios() {
 }
 
 #[test]
+fn kernel_sweep_runs_another_presets_shapes() {
+    let args =
+        ["kernels", "--quick", "--kernels", "i2s", "--isa", "scalar", "--batch", "1", "--shapes", "bitnet-b1.58-large"];
+    let out = bench().args(args).output().unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // --quick keeps the first two shapes: the large model's K/V are as wide as its Q.
+    let shapes: Vec<&str> =
+        stdout.lines().filter(|l| l.starts_with("| scalar/")).map(|l| l.split('|').nth(3).unwrap().trim()).collect();
+    assert_eq!(shapes, ["q/k/v/o 1536x1536", "gate/up 4096x1536"], "{stdout}");
+}
+
+#[test]
 fn bad_flags_exit_2_and_name_the_flag() {
     for (args, needle) in [
         (vec!["kernels", "--kernels", "bogus"], "bogus"),
         (vec!["kernels", "--isa", "sse9"], "sse9"),
         (vec!["kernels", "--batch", "0", "--quick"], "--batch"),
+        (vec!["kernels", "--shapes", "nope", "--quick"], "--shapes nope"),
         (vec!["frobnicate"], "frobnicate"),
     ] {
         let out = bench().args(&args).output().unwrap();
