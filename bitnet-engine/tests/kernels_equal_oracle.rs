@@ -192,7 +192,7 @@ fn q6k_rows_equal_plain_loops() {
         }
         let extreme = Q6kRows::from_bytes(n, k, &bytes).unwrap();
         for m in [&random, &extreme] {
-            for batch in [1usize, 2, 3, 5, 8, 9] {
+            for batch in [1usize, 2, 3, 5, 8, 9, 12] {
                 let mut x = activations(batch, k, 200 + batch as u64);
                 if batch == 3 {
                     let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, -128, -127, 0, 1][i % 6]).collect();
