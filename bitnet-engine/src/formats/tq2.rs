@@ -70,6 +70,8 @@ pub struct Tq2Matrix {
     /// `[rows]`: each row's first block scale as f32 (exact), the row's one scale where it is
     /// uniform: a kernel finishing four rows at once loads their scales as one vector.
     row_scale: Vec<f32>,
+    /// Whether every row is uniform: kernels then take whole row ranges without checking rows.
+    all_uniform: bool,
 }
 
 /// Per row: do all of its blocks carry bit-identical scales? (Shared with TQ1_0.)
@@ -121,7 +123,8 @@ impl Tq2Matrix {
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let row_scale = blocks.chunks(cols / QK_K).map(|row| row[0].d.to_f32()).collect();
-        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, row_scale })
+        let all_uniform = uniform.iter().all(|&u| u);
+        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, row_scale, all_uniform })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
@@ -151,6 +154,11 @@ impl Tq2Matrix {
     #[inline]
     pub fn row_has_uniform_scale(&self, r: usize) -> bool {
         self.uniform[r]
+    }
+    /// Whether every row has one scale for all its blocks (as BitNet tensors do).
+    #[inline]
+    pub fn all_rows_uniform(&self) -> bool {
+        self.all_uniform
     }
     /// Each row's first block scale (the row's one scale where [`Self::row_has_uniform_scale`]).
     #[inline]
@@ -230,11 +238,11 @@ mod tests {
     fn uniform_rows_are_detected() {
         let m = TernaryMatrix::random(2, 512, 0.25, 5);
         let p = Tq2Matrix::pack(&m).unwrap();
-        assert!(p.row_has_uniform_scale(0) && p.row_has_uniform_scale(1));
+        assert!(p.row_has_uniform_scale(0) && p.row_has_uniform_scale(1) && p.all_rows_uniform());
         let mut blocks = p.blocks().to_vec();
         blocks[3].d = f16::from_f32(0.5);
         let q = Tq2Matrix::from_blocks(2, 512, blocks).unwrap();
-        assert!(q.row_has_uniform_scale(0) && !q.row_has_uniform_scale(1));
+        assert!(q.row_has_uniform_scale(0) && !q.row_has_uniform_scale(1) && !q.all_rows_uniform());
     }
 
     #[test]

@@ -1133,7 +1133,12 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
     let mut r = rows.start;
     while r < rows.end {
-        let tiles = (r..rows.end).take_while(|&i| w.row_has_uniform_scale(i)).count() / 4;
+        let run = if w.all_rows_uniform() {
+            rows.end - r
+        } else {
+            (r..rows.end).take_while(|&i| w.row_has_uniform_scale(i)).count()
+        };
+        let tiles = run / 4;
         if tiles > 0 {
             let (src, d, o) = (w.row(r).as_ptr() as *const u8, &w.row_scales()[r..], &mut out[r - rows.start..]);
             one_token_tiles::<true>(src, row_bytes, w.blocks_per_row(), x, tiles, |t, sums| {
