@@ -1,6 +1,7 @@
 //! Kernel throughput sweep: every kernel on one model's matrix shapes (BitNet b1.58 2B4T's by
-//! default), in cache and streaming from DRAM, quoted against the memory-bandwidth probe and the scalar oracle
-//! measured in the same run (these machines are shared and noisy: ratios, not absolutes).
+//! default), in cache and streaming from DRAM, quoted against the memory-bandwidth probe and the
+//! scalar oracle measured in the same run (these machines are shared and noisy: ratios, not
+//! absolutes).
 
 use std::time::{Duration, Instant};
 
@@ -173,8 +174,9 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         }
     }
     if opts.streaming_bytes > 0 {
-        // The largest shape (the first of equals: gate/up), enough distinct matrices that the set is ≫ LLC: each call
-        // reads weights the previous ~500 MiB of calls have evicted, as batch-1 decode does.
+        // The largest shape (the first of equals: gate/up), enough distinct matrices that the set
+        // is ≫ LLC: each call reads weights the previous ~500 MiB of calls have evicted, as
+        // batch-1 decode does.
         let Some(&(_, n, k)) = opts.shapes.iter().rev().max_by_key(|(_, n, k)| n * k) else {
             bail!("no shapes to run");
         };

@@ -108,8 +108,8 @@ enum Command {
     /// Feed token ids, generate (greedy, or sampled with --temperature), print the new token
     /// ids (timings on stderr).
     Run(RunCmd),
-    /// Kernel throughput on a model's matrix shapes (2B4T's unless --shapes), in cache and streaming, against the
-    /// memory-bandwidth probe and the scalar oracle.
+    /// Kernel throughput on a model's matrix shapes (2B4T's unless --shapes), in cache and
+    /// streaming, against the memory-bandwidth probe and the scalar oracle.
     Kernels(KernelArgs),
     /// Check a report against the schema and its invariants.
     Validate { file: PathBuf },
