@@ -1672,6 +1672,9 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
             for i in 0..R {
                 sign[i] = load(src[i].add(off + 128));
             }
+            // Pair p's sign bit, `1 << p` in every byte, doubled per pair: as `set1(1 << p)` in
+            // the (not unrolled) loop it was a shift, a move and a broadcast per pair.
+            let mut bit = _mm256_set1_epi8(1);
             for v in 0..4 {
                 let mut nib = [_mm256_setzero_si256(); R];
                 for i in 0..R {
@@ -1679,7 +1682,6 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
                 }
                 for half in 0..2 {
                     let pair = 2 * v + half;
-                    let bit = _mm256_set1_epi8(1 << pair);
                     let mut idx = [_mm256_setzero_si256(); R];
                     let mut neg = [_mm256_setzero_si256(); R];
                     for i in 0..R {
@@ -1700,6 +1702,7 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
                             acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], _mm256_unpackhi_epi8(lo, hi));
                         }
                     }
+                    bit = _mm256_add_epi8(bit, bit);
                 }
             }
             s += 1;
