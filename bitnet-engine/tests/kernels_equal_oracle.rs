@@ -369,9 +369,11 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
     // The in-register TQ1 kernels must agree with llama.cpp's digit formula on every byte value,
     // not only on the ones the quantizer writes; and rows with per-block scales (their generic
     // path) sit next to uniform rows (the integer paths: up to four rows at a time for one
-    // token; for batches, one row × 8 tokens on 2560-wide rows, 4 × 4 tiles on 6912-wide ones).
-    // With every row uniform the matrix also has a table-lookup repack (the `lut` form); with
-    // some rows mixed it has none and the `lut` form runs the digit kernel.
+    // token; for batches of five or more with every row uniform, rows repacked to I2 blocks in
+    // two-row × four-token tiles, 6912-wide rows in two column chunks). Each uniform row has a
+    // scale of its own, so that a tile's rows are each scaled by their own. With every row
+    // uniform the matrix also has a table-lookup repack (the `lut` form); with some rows mixed
+    // it has none and the `lut` form runs the digit kernel.
     let n = 23;
     for (k, mixed) in [(2560usize, true), (6912, true), (2560, false), (6912, false)] {
         let per_row = k / QK_K;
@@ -386,7 +388,7 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
                 // The first row walks through all 256 byte values; the others are random bytes.
                 let mut code = |_| if r == 0 { all_values.next().unwrap() } else { byte() };
                 let d = if uniform(r) {
-                    half::f16::from_f32(0.03)
+                    half::f16::from_f32(0.02 + 0.001 * r as f32)
                 } else {
                     half::f16::from_f32(0.01 + g2.unit_f32() * 0.09)
                 };

@@ -232,8 +232,8 @@ pub struct KernelScratch {
     /// `[batch, cols / 256, 320]`, or TQ2 lane order, `[cols]`); grown on first use for a
     /// batch size, so later calls allocate nothing.
     pub(crate) x_reordered: AlignedBytes,
-    /// Unpacked codes of a block of rows for the AVX2 batched kernels (one byte per weight,
-    /// `x86_avx2::unpacked_scratch_bytes`); grown on first use.
+    /// Decoded codes of a block of rows for the AVX2 batched TQ1 kernel (repacked as I2
+    /// blocks, `x86_avx2::unpacked_scratch_bytes`); grown on first use.
     pub(crate) unpacked: AlignedBytes,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,

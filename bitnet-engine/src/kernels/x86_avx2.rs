@@ -128,6 +128,19 @@ unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// The inverse of [`decode_i2_block`]: 256 codes (each ≤ 3, one per byte) packed into one
+/// 64-byte I2 block (byte j of half h holds the codes 64n + 32h + j at shift 2n). A code
+/// shifted by 6 within its 16-bit lane stays in its byte (3 << 6 < 256).
+#[inline(always)]
+unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
+    for half in 0..2 {
+        let c = |n: usize| load(src.add(64 * n + 32 * half));
+        let lo = _mm256_or_si256(c(0), _mm256_slli_epi16::<2>(c(1)));
+        let hi = _mm256_or_si256(_mm256_slli_epi16::<4>(c(2)), _mm256_slli_epi16::<6>(c(3)));
+        store(dst.add(32 * half), _mm256_or_si256(lo, hi));
+    }
+}
+
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn decode_tq2_block(b: &BlockTq2_0, dst: &mut [u8]) {
     debug_assert!(dst.len() >= QK_K);
@@ -965,75 +978,85 @@ unsafe fn hsum4_i32(v: [__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256::<1>(abcd))
 }
 
-/// Batches of more than this many tokens take the unpacked TQ1 kernel ([`unpacked_rows`]):
+/// Batches of more than this many tokens take the repacked TQ1 kernel ([`repacked_rows`]):
 /// from two token groups on, decoding a row's digits once costs less than decoding them again
 /// for every group.
 pub(crate) const UNPACK_MIN_BATCH: usize = GROUP + 1;
 
-/// Unpacked codes per row block of [`unpacked_rows`] (one byte per weight): a quarter of Zen 3's
-/// 512 KiB L2, which also holds the packed rows streaming in for the next block.
-const UNPACKED_BLOCK_BYTES: usize = 128 * 1024;
+/// Bytes of repacked codes per row block of [`repacked_rows`] (a quarter of a byte per
+/// weight): a quarter of Zen 3's 512 KiB L2, which also holds the packed rows streaming in for
+/// the next block.
+const REPACKED_BLOCK_BYTES: usize = 128 * 1024;
 
-/// Bytes of [`KernelScratch::unpacked`] that [`unpacked_rows`] needs for rows of `cols` weights:
-/// a block, and at least one row.
+/// Bytes of [`KernelScratch::unpacked`] that [`repacked_rows`] needs for rows of `cols`
+/// weights: a block, and at least one row.
 pub(crate) fn unpacked_scratch_bytes(cols: usize) -> usize {
-    cols.max(UNPACKED_BLOCK_BYTES)
+    (cols / 4).max(REPACKED_BLOCK_BYTES)
 }
 
-/// Most rows of an [`unpacked_rows`] block (its partial sums live on the stack).
-const UNPACKED_BLOCK_ROWS: usize = 256;
+/// Most rows of a [`repacked_rows`] block (its partial sums live on the stack).
+const REPACKED_BLOCK_ROWS: usize = 256;
 
-/// Activation bytes of one token group's column chunk in [`unpacked_rows`]: half of a 32 KiB
+/// Activation bytes of one token group's column chunk in [`repacked_rows`]: half of a 32 KiB
 /// L1d, so the group's activations stay in L1 across a block's rows beside the codes streaming
 /// from L2. Whole rows of a 6912-wide down projection (27 KiB for four tokens) did not: Zen 3,
 /// `bitnet-bench kernels --batch 8`, TQ1 down 2560x6912, 7.6 Mrow·tok/s against 29.8 for the
 /// 2560-wide rows.
-const UNPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
+const REPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
 
-/// Rows `rows` × every token of a batch, for weights whose rows unpack to one code per byte
-/// (weight + 1, so 0, 1 or 2) in column order. A block of rows is unpacked into `codes`
-/// (`unpack(r, dst)` writes row r's `cols` codes); then each group of [`GROUP`] tokens runs over
-/// the block a column chunk at a time ([`unpacked_tile`]), and `finish(r, b, Σ code·x)` gives
-/// the output of row r and token b (`out[(r − rows.start) × batch + b]`).
+/// Rows `rows` × every token of a batch, for weights whose rows decode to one code per weight
+/// (weight + 1, so 0, 1 or 2) in column order: a block of rows is decoded (`decode(r, dst)`
+/// writes row r's `cols` codes, one per byte, into a 256-byte block at a time) and repacked
+/// into I2 blocks (2 bits a code); then each group of [`GROUP`] tokens runs over the block a
+/// column chunk at a time with the I2 tiles ([`tile_sums`]: two rows × four tokens in the
+/// assembly tile). Row r's outputs are `d(r) × (Σ code·x − Σ x)`, rounded to f32, times the
+/// token's scale (`finish_blocks`), four tokens at a time in vectors with the same operations
+/// (the scalar finish per output had cost the I2/TQ2 tiles about a tenth of their time).
 ///
 /// Why: TQ1_0's base-3 digits cost about ten vector ops per 32 weights to decode; the
 /// in-register kernel (`tq1_digit_tile`) pays that again for every group of four tokens, this
-/// one once per row. Against the in-register kernel on Zen 3 (`bitnet-bench kernels`, TQ1,
-/// Mrow·tok/s on 2560-wide rows): B=8 25 → 28–30, B=128 23 → 42. For TQ2_0 and I2_S, whose codes
-/// take two ops per 32 weights to split, the split in registers (`code_tile`, 45) stays ahead:
-/// unpacking stores four times the bytes it reads, and the tile then loads the codes back.
+/// one once per row. The codes were first kept one per byte, for a one-row tile (Zen 3,
+/// `bitnet-bench kernels`, TQ1, Mrow·tok/s on 2560-wide rows: B=8 25 → 28–30, B=128 23 → 42 against
+/// the in-register kernel); repacked to 2 bits, a block is a quarter of the bytes and runs the
+/// tile that I2_S and TQ2_0 batches run.
 ///
 /// While a block computes, the next block's packed rows (`packed(range)`: their first byte and
-/// length) are asked for in L2 a share per tile, so the unpack pass finds them in cache.
+/// length) are asked for in L2 a share per tile, so the decode pass finds them in cache.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn unpacked_rows(
+unsafe fn repacked_rows(
     rows: Range<usize>,
     cols: usize,
     x: &ActivationBatch,
     out: &mut [f32],
     codes: &mut AlignedBytes,
     packed: impl Fn(Range<usize>) -> (*const u8, usize),
-    mut unpack: impl FnMut(usize, &mut [u8]),
-    mut finish: impl FnMut(usize, usize, i32) -> f32,
+    mut decode: impl FnMut(usize, usize, &mut [u8; QK_K]),
+    d: impl Fn(usize) -> f64,
 ) {
     debug_assert!(cols > 0 && cols.is_multiple_of(QK_K));
     let batch = x.batch();
     if codes.len() < unpacked_scratch_bytes(cols) {
         *codes = AlignedBytes::zeroed(unpacked_scratch_bytes(cols));
     }
-    let block_rows = (codes.len() / cols).min(UNPACKED_BLOCK_ROWS);
-    // Column chunks of whole blocks, as even as they come, each within UNPACKED_CHUNK_X_BYTES.
     let blocks = cols / QK_K;
-    let max_chunk = (UNPACKED_CHUNK_X_BYTES / (GROUP * QK_K)).max(1);
+    let row_bytes = blocks * I2_BLOCK_BYTES;
+    let block_rows = (codes.len() / row_bytes).min(REPACKED_BLOCK_ROWS);
+    // Column chunks of whole blocks, as even as they come, each within REPACKED_CHUNK_X_BYTES.
+    let max_chunk = (REPACKED_CHUNK_X_BYTES / (GROUP * QK_K)).max(1);
     let chunk_blocks = blocks.div_ceil(blocks.div_ceil(max_chunk));
     let chunks = blocks.div_ceil(chunk_blocks);
-    let mut sums = [[0i32; GROUP]; UNPACKED_BLOCK_ROWS];
+    let mut sums = [[0i32; GROUP]; REPACKED_BLOCK_ROWS];
+    let mut one = [0u8; QK_K];
     let mut start = rows.start;
     while start < rows.end {
         let end = rows.end.min(start + block_rows);
         for r in start..end {
-            unpack(r, &mut codes.as_mut_slice()[(r - start) * cols..][..cols]);
+            let dst = codes.as_mut_slice()[(r - start) * row_bytes..][..row_bytes].as_mut_ptr();
+            for blk in 0..blocks {
+                decode(r, blk, &mut one);
+                encode_i2_block(one.as_ptr(), dst.add(blk * I2_BLOCK_BYTES));
+            }
         }
         let next = end..rows.end.min(end + block_rows);
         let (ahead, ahead_len) = if next.is_empty() { (std::ptr::null(), 0) } else { packed(next) };
@@ -1045,70 +1068,50 @@ unsafe fn unpacked_rows(
             let g = GROUP.min(batch - b0);
             for k in 0..chunks {
                 let (first, n) = (k * chunk_blocks, chunk_blocks.min(blocks - k * chunk_blocks));
-                for r in start..end {
+                let mut r = start;
+                while r < end {
                     shares.issue(step);
                     step += 1;
-                    let row = |_: usize| c.add((r - start) * cols + first * QK_K);
-                    let s = &mut sums[r - start];
+                    let row = |i: usize| c.add((i - start) * row_bytes + first * I2_BLOCK_BYTES);
                     macro_rules! tile {
-                        ($g:literal) => {{
-                            let (src, xs) = tile_pointers::<1, $g>(row, 0, x, b0);
+                        ($r:literal, $g:literal) => {{
+                            let (src, xs) = tile_pointers::<$r, $g>(row, r, x, b0);
                             let xs = xs.map(|p| p.add(first * QK_K));
-                            let t = unpacked_tile::<$g>(src[0], n * QK_K / 32, xs);
-                            for j in 0..$g {
-                                s[j] = if k == 0 { t[j] } else { s[j] + t[j] };
+                            let t = tile_sums::<$r, $g, false>(src, I2_BLOCK_BYTES, n, xs, false);
+                            for i in 0..$r {
+                                let s = &mut sums[r + i - start];
+                                for j in 0..$g {
+                                    s[j] = if k == 0 { t[i][j] } else { s[j] + t[i][j] };
+                                }
                             }
+                            $r
                         }};
                     }
-                    match g {
-                        1 => tile!(1),
-                        2 => tile!(2),
-                        3 => tile!(3),
-                        _ => tile!(4),
-                    }
+                    r += match (g, end - r >= 2) {
+                        (1, _) => tile!(1, 1),
+                        (2, _) => tile!(1, 2),
+                        (3, _) => tile!(1, 3),
+                        (_, true) => tile!(2, 4),
+                        (_, false) => tile!(1, 4),
+                    };
                 }
             }
             for r in start..end {
-                for j in 0..g {
-                    out[(r - rows.start) * batch + b0 + j] = finish(r, b0 + j, sums[r - start][j]);
+                let o = &mut out[(r - rows.start) * batch + b0..][..g];
+                if g == GROUP {
+                    let dot = _mm_sub_epi32(load4_i32(&sums[r - start]), load4_i32(&x.sums()[b0..]));
+                    let v = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), _mm256_set1_pd(d(r)));
+                    store4_f32(_mm_mul_ps(_mm256_cvtpd_ps(v), _mm_loadu_ps(x.scales()[b0..b0 + 4].as_ptr())), o);
+                } else {
+                    for (j, o) in o.iter_mut().enumerate() {
+                        *o = finish_blocks(d(r) * (sums[r - start][j] - x.sum(b0 + j)) as f64, x.scale(b0 + j));
+                    }
                 }
             }
             b0 += g;
         }
         start = end;
     }
-}
-
-/// Σ code·x of one row of unpacked codes (`src`, one byte per weight) × G tokens over
-/// `vectors` × 32 columns: per 32 columns, one code load and G activation loads for G
-/// `vpmaddubsw`, summed in i16 for [`I16_BLOCKS`] blocks (codes ≤ 2, as `code_tile`), then
-/// widened. Returns token g's sum at `[g]`. (Two rows × four tokens, eight i16 and eight i32
-/// accumulators, measured slower on 2560-wide rows: 39–41 against 43–45 Mrow·tok/s.)
-#[inline(always)]
-unsafe fn unpacked_tile<const G: usize>(src: *const u8, vectors: usize, xs: [*const u8; G]) -> [i32; G] {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_si256(); G]; 1];
-    let mut v = 0;
-    while v < vectors {
-        let end = vectors.min(v + 8 * I16_BLOCKS);
-        let mut acc16 = [_mm256_setzero_si256(); G];
-        // Two vectors per pass (`vectors` counts whole blocks, eight each): half the loop's
-        // counter and address arithmetic per multiply.
-        while v < end {
-            for u in 0..2 {
-                let at = 32 * (v + u);
-                let c = load(src.add(at));
-                for g in 0..G {
-                    acc16[g] = _mm256_add_epi16(acc16[g], _mm256_maddubs_epi16(c, load(xs[g].add(at))));
-                }
-            }
-            v += 2;
-        }
-        for g in 0..G {
-            acc[0][g] = _mm256_add_epi32(acc[0][g], _mm256_madd_epi16(acc16[g], ones));
-        }
-    }
-    reduce_tile(acc)[0]
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
@@ -1277,19 +1280,15 @@ unsafe fn tq1_fused(
         // Two token groups or more: each row's digits decoded once, not once per group.
         let n = w.blocks_per_row();
         let (base, rb) = (w.blocks().as_ptr() as *const u8, n * std::mem::size_of::<BlockTq1_0>());
-        unpacked_rows(
+        repacked_rows(
             rows,
             n * QK_K,
             x,
             out,
             &mut scratch.unpacked,
             |next| (base.wrapping_add(next.start * rb), next.len() * rb),
-            |r, dst| {
-                for (block, d) in w.row(r).iter().zip(dst.chunks_exact_mut(QK_K)) {
-                    decode_tq1_block(block, d);
-                }
-            },
-            |r, b, sum| finish_blocks(f16_to_f64(w.row(r)[0].d) * (sum - x.sum(b)) as f64, x.scale(b)),
+            |r, blk, dst| decode_tq1_block(&w.row(r)[blk], dst),
+            |r| f16_to_f64(w.row(r)[0].d),
         );
         return;
     }
