@@ -131,6 +131,8 @@ unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
 /// The inverse of [`decode_i2_block`]: 256 codes (each ≤ 3, one per byte) packed into one
 /// 64-byte I2 block (byte j of half h holds the codes 64n + 32h + j at shift 2n). A code
 /// shifted by 6 within its 16-bit lane stays in its byte (3 << 6 < 256).
+///
+/// SAFETY: the caller guarantees 256 readable bytes at `src` and 64 writable ones at `dst`.
 #[inline(always)]
 unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
     for half in 0..2 {
