@@ -1074,28 +1074,9 @@ unsafe fn repacked_rows(
                 while r < end {
                     shares.issue(step);
                     step += 1;
-                    let row = |i: usize| c.add((i - start) * row_bytes + first * I2_BLOCK_BYTES);
-                    macro_rules! tile {
-                        ($r:literal, $g:literal) => {{
-                            let (src, xs) = tile_pointers::<$r, $g>(row, r, x, b0);
-                            let xs = xs.map(|p| p.add(first * QK_K));
-                            let t = tile_sums::<$r, $g, false>(src, I2_BLOCK_BYTES, n, xs, false);
-                            for i in 0..$r {
-                                let s = &mut sums[r + i - start];
-                                for j in 0..$g {
-                                    s[j] = if k == 0 { t[i][j] } else { s[j] + t[i][j] };
-                                }
-                            }
-                            $r
-                        }};
-                    }
-                    r += match (g, end - r >= 2) {
-                        (1, _) => tile!(1, 1),
-                        (2, _) => tile!(1, 2),
-                        (3, _) => tile!(1, 3),
-                        (_, true) => tile!(2, 4),
-                        (_, false) => tile!(1, 4),
-                    };
+                    let src = c.add((r - start) * row_bytes + first * I2_BLOCK_BYTES);
+                    let s = &mut sums[r - start..end - start];
+                    r += code_tile_for!(repacked_tile, g, end - r, (src, row_bytes, n, first, x, b0, k == 0, s));
                 }
             }
             for r in start..end {
@@ -1113,6 +1094,30 @@ unsafe fn repacked_rows(
             b0 += g;
         }
         start = end;
+    }
+}
+
+/// Rows `src`, `src + row_bytes`, … (R of them) of a [`repacked_rows`] block × tokens
+/// `b0..b0 + G` over `n` I2 blocks from column block `first`: the tile's sums stored into
+/// `sums[i][g]` (`fresh`: the first column chunk) or added to them.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn repacked_tile<const R: usize, const G: usize>(
+    src: *const u8,
+    row_bytes: usize,
+    n: usize,
+    first: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    fresh: bool,
+    sums: &mut [[i32; GROUP]],
+) {
+    let (src, xs) = tile_pointers::<R, G>(|i| src.add(i * row_bytes), 0, x, b0);
+    let t = tile_sums::<R, G, false>(src, I2_BLOCK_BYTES, n, xs.map(|p| p.add(first * QK_K)), false);
+    for (s, t) in sums.iter_mut().zip(&t) {
+        for j in 0..G {
+            s[j] = if fresh { t[j] } else { s[j] + t[j] };
+        }
     }
 }
 
