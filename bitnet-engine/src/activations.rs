@@ -73,7 +73,7 @@ fn max_ignoring_nan(m: f32, x: f32) -> f32 {
 /// (Rust's saturating `as` does not vectorize at the baseline ISA): after adding 1.5 × 2^23 the
 /// rounded integer sits in the low bits of the float's representation.
 #[inline(always)]
-fn to_q8(v: f32) -> i8 {
+pub(crate) fn to_q8(v: f32) -> i8 {
     const MAGIC: f32 = 12_582_912.0;
     let c = if v.is_nan() { 0.0 } else { v.clamp(-127.0, 127.0) };
     ((c + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits())) as i32 as i8
@@ -112,6 +112,14 @@ pub(crate) fn quantize_token_portable(src: &[f32], dst: &mut [i8]) -> f32 {
     } else {
         dst.fill(0);
         0.0
+    }
+}
+
+/// Σ of each 16 values of `q` (`q.len()` = 16 · `subs.len()`): the definition of
+/// `kernels::sub_sums`.
+pub(crate) fn sub_sums_portable(q: &[i8], subs: &mut [i16]) {
+    for (s, chunk) in subs.iter_mut().zip(q.chunks_exact(16)) {
+        *s = chunk.iter().map(|v| *v as i16).sum();
     }
 }
 
@@ -209,9 +217,7 @@ impl ActivationBatch {
         for b in 0..self.batch {
             let q = &self.values.as_i8()[b * self.padded..(b + 1) * self.padded];
             let subs = &mut self.sub_sums[b * nsub..(b + 1) * nsub];
-            for (s, chunk) in subs.iter_mut().zip(q.chunks_exact(16)) {
-                *s = chunk.iter().map(|v| *v as i16).sum();
-            }
+            crate::kernels::sub_sums(q, subs);
             let mut total = 0i32;
             for (blk, chunk) in subs.chunks_exact(ACT_PAD / 16).enumerate() {
                 let s: i32 = chunk.iter().map(|v| *v as i32).sum();

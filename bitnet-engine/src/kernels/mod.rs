@@ -1275,6 +1275,17 @@ pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
 
+/// Σ of each 16 values of a token's int8 activations (`activations::sub_sums_portable`, the
+/// definition), for the Q6_K head's offset: `vpsadbw` where the CPU has AVX2 (also under
+/// AVX-512). Integer sums, so every path gives the same values.
+pub(crate) fn sub_sums(q: &[i8], subs: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return x86_avx2::sub_sums(t, q, subs);
+    }
+    crate::activations::sub_sums_portable(q, subs)
+}
+
 /// One token's lookup tables for the table-lookup TQ1 kernels
 /// (`tq1_lut::build_token_tables_portable`, the definition): with AVX2 (also under AVX-512)
 /// a group pair per step in registers. Integer arithmetic only, so every path writes the same
@@ -1605,11 +1616,36 @@ mod tests {
                 assert_eq!(&fast[1..4], &[2, -4, 0], "ties to even, NaN to 0");
             }
         }
+        // A subnormal absmax makes 127 / absmax infinite: q = ±127, and 0 · ∞ = NaN → 0.
+        let tiny: Vec<f32> = (0..70).map(|i| [1e-45f32, 0.0, -1e-45, f32::NAN][i % 4]).collect();
+        let (mut fast, mut plain) = (vec![9i8; 70], vec![9i8; 70]);
+        let sp = crate::activations::quantize_token_portable(&tiny, &mut plain);
+        assert_eq!(super::quantize_token(&tiny, &mut fast).to_bits(), sp.to_bits());
+        assert_eq!(fast, plain);
+        assert_eq!(&plain[..4], &[127, 0, -127, 0]);
         // Not finite or all zero: scale 0 and zeros.
         for bad in [vec![0.0f32; 40], vec![1.0, f32::INFINITY, 2.0]] {
             let mut q = vec![5i8; bad.len()];
             assert_eq!(super::quantize_token(&bad, &mut q), 0.0);
             assert!(q.iter().all(|v| *v == 0));
+        }
+    }
+
+    #[test]
+    fn sub_sums_equal_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(21);
+        for subs in [1usize, 2, 3, 96, 433] {
+            let mut q: Vec<i8> = (0..16 * subs).map(|_| g.next_u64() as i8).collect();
+            // The extremes: a sub-block of −128s and one of 127s.
+            q[..16].fill(-128);
+            if subs > 1 {
+                q[16..32].fill(127);
+            }
+            let (mut fast, mut plain) = (vec![7i16; subs], vec![-7i16; subs]);
+            super::sub_sums(&q, &mut fast);
+            crate::activations::sub_sums_portable(&q, &mut plain);
+            assert_eq!(fast, plain, "{subs} sub-blocks");
+            assert_eq!(plain[0], -2048);
         }
     }
 
