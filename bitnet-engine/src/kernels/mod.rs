@@ -1268,9 +1268,10 @@ pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &
     widest_compiled!(gated_activation, crate::model::ops::gated_activation_portable, act, gate, up)
 }
 
-/// Per-token int8 quantization (`activations::quantize_token_portable`) compiled for the widest
-/// ISA the CPU has, bit-identical as [`gated_activation`] is. At baseline x86-64 the
-/// float → byte narrowing has no single instruction: about 0.7 ns per element.
+/// Per-token int8 quantization (`activations::quantize_token_portable`, the definition): with
+/// AVX-512 that code compiled for it (which has byte-narrowing instructions), with AVX2 intrinsics
+/// (`x86_avx2::quantize_token`), each bit-identical to it. At baseline x86-64 the float → byte
+/// narrowing has no single instruction: about 0.7 ns per element.
 pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }
