@@ -89,6 +89,41 @@ fn a_run_emits_exactly_the_expected_spans() {
 }
 
 #[test]
+fn attention_counts_each_kv_heads_bytes_once_per_row() {
+    if !ENABLED {
+        return;
+    }
+    // However the query heads sharing a KV head are split into items (one item of both with f16
+    // on one thread; one item per query head with an encoded cache), a decode step's qk and av
+    // each count every KV head's rows once: memory traffic, as `bitnet-bench` counts it.
+    let model = Model::synthetic("tiny", WeightFormat::I2, 11, 2).unwrap();
+    let cfg = &model.config;
+    assert!(cfg.heads > cfg.kv_heads, "the tiny preset groups query heads");
+    for kv in [KvPrecision::F16, KvPrecision::Int8] {
+        for threads in [1, 2] {
+            let mut st = State::new(&model, &StateOptions::new(1, 64, kv, threads)).unwrap();
+            st.set_instrument(Level::Aggregate, 10_000);
+            greedy(&model, &mut st, &PROMPT, DECODE + 1, false).unwrap();
+            let (mut qk, mut av) = (0u64, 0u64);
+            for rec in st.recorders() {
+                for (k, t) in rec.totals() {
+                    if k.phase == Phase::Decode && k.stage == Stage::Qk {
+                        qk += t.bytes;
+                    }
+                    if k.phase == Phase::Decode && k.stage == Stage::Av {
+                        av += t.bytes;
+                    }
+                }
+            }
+            // Decode rows sit at positions PROMPT.len() .. PROMPT.len() + DECODE.
+            let rows: u64 = (0..DECODE).map(|i| (PROMPT.len() + i + 1) as u64).sum();
+            let want = rows * (cfg.layers * cfg.kv_heads * kv.bytes_per_vector(cfg.head_dim())) as u64;
+            assert_eq!((qk, av), (want, want), "{kv:?}, {threads} threads");
+        }
+    }
+}
+
+#[test]
 fn split_kernels_report_unpack_and_dot_with_bytes() {
     if !ENABLED {
         return;

@@ -929,7 +929,10 @@ fn attention(
                     let (row, head) = at(item + 1);
                     kv.key_rows(layer, seqs[row], head / group, positions[row] + 1)
                 });
-                let kv_bytes = vec_bytes * (pos + 1) as u64;
+                // The KV head's bytes counted once per row however many items share it (sg of
+                // its group's query heads each), as `bitnet-bench` counts them per step: a stage's
+                // GB/s is then memory traffic, not bytes touched again in cache.
+                let kv_bytes = vec_bytes * (pos + 1) as u64 * sg as u64 / group as u64;
                 if sg > 1 {
                     // The sg query heads over their KV head's rows, each read once: every head's
                     // scores, softmax and sum are the floats of the one-head path below.
