@@ -306,6 +306,17 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         diff("weight bytes", a.model.weight_bytes.to_string(), b.model.weight_bytes.to_string());
     }
     diff("schema version", a.schema_version.to_string(), b.schema_version.to_string());
+    // Settings that move the figures: decode tokens/s is a mean over the steps' positions (and
+    // llama-bench's tg over its -n), and a run's first repetitions warm caches and clocks.
+    diff("new tokens per run", a.settings.max_new_tokens.to_string(), b.settings.max_new_tokens.to_string());
+    if !across {
+        diff("warm-up runs", a.settings.warmup.to_string(), b.settings.warmup.to_string());
+    }
+    // Weights, KV cache and probe buffers ask for huge pages; without them one thread reads
+    // about a quarter less (see the engine's `aligned` module).
+    if let (Some(x), Some(y)) = (&a.system.transparent_hugepage, &b.system.transparent_hugepage) {
+        diff("transparent huge pages", x.clone(), y.clone());
+    }
     let threads = |r: &Report| {
         let mut t: Vec<usize> = r.results.iter().map(|x| x.config.threads).collect();
         t.sort();
@@ -502,6 +513,15 @@ pub fn compare(
         notes: {
             let mut notes = if across { across_notes(base, new) } else { Vec::new() };
             notes.extend(bandwidth_notes(base, new, threshold));
+            for (which, r) in [("BASE", base), ("NEW", new)] {
+                if !r.complete {
+                    notes.push(format!(
+                        "{which} is incomplete (its run was interrupted): configurations it lacks are listed as {}{}",
+                        if which == "NEW" { "removed" } else { "added" },
+                        if which == "NEW" { "; with --fail-on regression the gate fails" } else { "" }
+                    ));
+                }
+            }
             notes
         },
         not_compared,

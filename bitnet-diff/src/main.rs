@@ -145,6 +145,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             .with_context(|| format!("--output {}", p.display()))?,
         None => print!("{text}"),
     }
+    if cli.fail_on == FailOn::Regression && !new.complete {
+        // An interrupted NEW run would otherwise pass with its missing configurations unseen.
+        eprintln!("bitnet-diff: failing: {} is incomplete (its run was interrupted)", names.1);
+        return Ok(ExitCode::from(1));
+    }
     Ok(if cli.fail_on == FailOn::Regression && c.counts.regressions > 0 {
         ExitCode::from(1)
     } else {

@@ -100,7 +100,9 @@ fn footer(c: &Comparison, o: &mut String, md: bool) {
 
 fn method(c: &Comparison) -> String {
     format!(
-        "threshold ±{:.1}% (symmetric in log ratio); 95% bootstrap CI of the change in medians; Welch's t-test on log samples, p < 0.05",
+        "threshold ±{:.1}%, symmetric in log ratio (a change beyond {:+.1}% or {:+.1}%); 95% bootstrap CI of the change in medians; Welch's t-test on log samples, p < 0.05",
+        c.threshold * 100.0,
+        (1.0 / (1.0 + c.threshold) - 1.0) * 100.0,
         c.threshold * 100.0
     )
 }

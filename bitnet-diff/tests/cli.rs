@@ -86,6 +86,32 @@ fn added_removed_and_environment() {
     let (code, out, _) = run(&[&data("quiet.json"), &fewer]);
     assert_eq!(code, 0);
     assert!(out.contains("removed (only in"), "{out}");
+    // The same, from an interrupted run: the gate fails (unless --fail-on never) and says why.
+    let cut = edited(&d, "cut.json", |v| {
+        v["results"].as_array_mut().unwrap().pop();
+        v["complete"] = false.into();
+    });
+    let (code, out, err) = run(&[&data("quiet.json"), &cut]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("incomplete") && out.contains("NEW is incomplete"), "{out}{err}");
+    let (code, _, _) = run(&[&data("quiet.json"), &cut, "--fail-on", "never"]);
+    assert_eq!(code, 0);
+    let (code, out, _) = run(&[&cut, &data("quiet.json")]);
+    assert_eq!(code, 0, "an incomplete BASE only gets a note");
+    assert!(out.contains("BASE is incomplete"), "{out}");
+    // Settings and huge pages that move the figures are environment differences.
+    let other_settings = edited(&d, "settings.json", |v| {
+        v["settings"]["max_new_tokens"] = 64.into();
+        v["settings"]["warmup"] = 0.into();
+        v["system"]["transparent_hugepage"] = "never".into();
+    });
+    let thp = edited(&d, "thp.json", |v| v["system"]["transparent_hugepage"] = "madvise".into());
+    let (code, _, err) = run(&[&thp, &other_settings]);
+    assert_eq!(code, 0);
+    for w in ["new tokens per run differs: 16 vs 64", "warm-up runs differs: 1 vs 0", "transparent huge pages differs"]
+    {
+        assert!(err.contains(w), "{w}: {err}");
+    }
     let other_cpu = edited(&d, "cpu.json", |v| v["system"]["cpu_model"] = "Other CPU".into());
     let (code, _, err) = run(&[&data("quiet.json"), &other_cpu]);
     assert_eq!(code, 0);
