@@ -196,7 +196,8 @@ pub struct Decode {
     /// Bytes read per decode step (weights once for the whole batch, plus every sequence's
     /// KV cache at its mean position) divided by the batch size.
     pub bytes_per_token: u64,
-    /// Bytes read per decode step.
+    /// Bytes read per decode step, the mean over the run's steps (step i attends over
+    /// context_length + i + 1 cached positions).
     pub bytes_per_step: u64,
     /// Decode's share of the read bandwidth: the median of `step_fractions`; in reports
     /// without them, bytes_per_step × steps per second (median) / the roofline section's
@@ -208,7 +209,8 @@ pub struct Decode {
     /// about it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes_gbps: Vec<f64>,
-    /// Each roofline-pass step's bytes_per_step ÷ its time ÷ the probe right after it.
+    /// Each roofline-pass step's bytes (bytes_per_step with that step's own KV positions) ÷ its
+    /// time ÷ the probe right after it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_fractions: Vec<f64>,
 }

@@ -94,7 +94,12 @@ pub struct Combo {
 pub struct Prepared {
     pub weight_bytes: u64,
     pub kv_cache_bytes: u64,
+    /// Bytes a decode step reads, the mean over the run's steps (the KV cache grows by a
+    /// position a step).
     pub bytes_per_step: u64,
+    /// KV bytes read per cached position in a step, all sequences: step i of n reads
+    /// `bytes_per_step + kv_bytes_per_position × (i − (n − 1)/2)`.
+    pub kv_bytes_per_position: u64,
 }
 
 /// One measured run.
@@ -378,11 +383,19 @@ pub fn summarize(
     let lat: Vec<f64> = samples.iter().flat_map(|s| s.decode_step_secs.iter().map(|t| t * 1e3)).collect();
     let tg_stat = Stat::of(&tg);
     let tg_median = tg_stat.median;
+    // Each step over its own bytes (its position's KV rows), its time and the probe after it.
+    let mid = (pass.step_secs.len() as f64 - 1.0) / 2.0;
     let step_fractions: Vec<f64> = pass
         .step_secs
         .iter()
         .zip(&pass.probe_gbps)
-        .map(|(t, g)| roofline_fraction(prepared.bytes_per_step, combo.batch as f64 / t, combo.batch, *g))
+        .enumerate()
+        .map(|(i, (t, g))| {
+            let bytes = prepared.bytes_per_step as f64 + prepared.kv_bytes_per_position as f64 * (i as f64 - mid);
+            // As `roofline_fraction`, term for term.
+            let b = combo.batch as f64;
+            bytes * (b / t) / b / (g * 1e9)
+        })
         .collect();
     let stages = diag.stages.map(|m| {
         let total: f64 = m.values().sum();
@@ -499,6 +512,11 @@ impl EngineRunner {
             roofline_probe: None,
             prompts: Vec::new(),
         })
+    }
+
+    /// The loaded model.
+    pub fn model(&self) -> &Model {
+        &self.model
     }
 
     /// The kernel families to sweep: `--kernels`, or the one made for the model's weights.
@@ -623,14 +641,17 @@ impl Runner for EngineRunner {
                 (0..combo.context_length).map(|_| (rng.next_u64() % vocab) as u32).collect()
             })
             .collect();
-        let kv_token = combo.kv.bytes_per_token(cfg) as u64;
-        let mean_positions = combo.context_length as u64 + max_new as u64 / 2;
+        // Step i (of max_new) decodes position ctx + i and attends over its ctx + i + 1 rows:
+        // on average ctx + (max_new + 1)/2.
+        let kv_bytes_per_position = combo.batch as u64 * combo.kv.bytes_per_token(cfg) as u64;
+        let twice_mean_rows = 2 * combo.context_length as u64 + max_new as u64 + 1;
         let bytes_per_step = self.model.weights.bytes_read_per_token_by(Some(combo.kernel)) as u64
-            + combo.batch as u64 * kv_token * mean_positions;
+            + kv_bytes_per_position * twice_mean_rows / 2;
         let prepared = Prepared {
             weight_bytes: self.model_info().weight_bytes,
             kv_cache_bytes: st.kv_cache().byte_len() as u64,
             bytes_per_step,
+            kv_bytes_per_position,
         };
         self.state = Some((*combo, st));
         Ok(prepared)

@@ -10,7 +10,7 @@ use bitnet_bench::sweep::{
     run_sweep, Combo, Diagnostics, Prepared, Progress, RooflinePass, RunSample, Runner, SweepSpec,
 };
 use bitnet_bench::{output, system};
-use bitnet_engine::{KernelFamily, KvPrecision};
+use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision};
 
 /// Decode step k of run r takes (10 + k + r) ms × (1 + batch / 4); prefill takes 1 ms per
 /// prompt token; probe p (from 0) measures 10 × threads + 5p GB/s. Sets `stop` when
@@ -44,7 +44,12 @@ impl Runner for FakeRunner<'_> {
     }
     fn prepare(&mut self, combo: &Combo, _max_new: usize) -> Result<Prepared> {
         self.combo = Some(*combo);
-        Ok(Prepared { weight_bytes: 1 << 20, kv_cache_bytes: 4096 * combo.batch as u64, bytes_per_step: 100_000_000 })
+        Ok(Prepared {
+            weight_bytes: 1 << 20,
+            kv_cache_bytes: 4096 * combo.batch as u64,
+            bytes_per_step: 100_000_000,
+            kv_bytes_per_position: 0,
+        })
     }
     fn run(&mut self, max_new: usize) -> Result<RunSample> {
         let c = self.combo.unwrap();
@@ -369,4 +374,44 @@ fn a_value_given_twice_is_swept_once() {
     s.batch_sizes = s.batch_sizes.iter().chain(&s.batch_sizes).copied().collect();
     s.threads = s.threads.iter().chain(&s.threads).copied().collect();
     assert_eq!(bitnet_bench::sweep::combos(&s).unwrap(), once);
+}
+
+#[test]
+fn bytes_per_step_is_the_mean_over_the_steps_kv_positions() {
+    // Step i of n decodes position ctx + i and attends over ctx + i + 1 cached rows.
+    let spec = SweepSpec { model: "tiny".into(), threads: vec![1], kernels: vec![KernelFamily::I2s], ..spec() };
+    let mut runner = bitnet_bench::sweep::EngineRunner::load(&spec).unwrap();
+    let kernel = Kernel::new(KernelFamily::I2s, IsaLevel::Scalar, KernelForm::Fused).unwrap();
+    let combo = Combo { kernel, batch: 2, context_length: 8, kv: KvPrecision::Int8, threads: 1 };
+    let p = runner.prepare(&combo, 4).unwrap();
+    let cfg = &runner.model().config;
+    let kv_pp = 2 * KvPrecision::Int8.bytes_per_token(cfg) as u64;
+    assert_eq!(p.kv_bytes_per_position, kv_pp);
+    let weights = runner.model().weights.bytes_read_per_token_by(Some(kernel)) as u64;
+    // Rows read: 9, 10, 11, 12; mean 10.5.
+    assert_eq!(p.bytes_per_step, weights + kv_pp * 21 / 2);
+}
+
+#[test]
+fn each_roofline_step_is_over_its_own_kv_bytes() {
+    // Steps whose times grow with their KV bytes at a constant probe run at one fraction of
+    // it: every step fraction, and so their median, is that fraction.
+    let kernel = Kernel::new(KernelFamily::I2s, IsaLevel::Scalar, KernelForm::Fused).unwrap();
+    let combo = Combo { kernel, batch: 1, context_length: 100, kv: KvPrecision::F16, threads: 1 };
+    let prepared =
+        Prepared { weight_bytes: 0, kv_cache_bytes: 0, bytes_per_step: 50_000_000, kv_bytes_per_position: 1_000_000 };
+    let (n, gbps, fraction) = (8usize, 20.0, 0.8);
+    let mid = (n as f64 - 1.0) / 2.0;
+    let step_bytes = |i: usize| 50e6 + 1e6 * (i as f64 - mid);
+    let pass = RooflinePass {
+        step_secs: (0..n).map(|i| step_bytes(i) / (fraction * gbps * 1e9)).collect(),
+        probe_gbps: vec![gbps; n],
+    };
+    let sample = RunSample { prefill_secs: 1.0, ttft_secs: 1.0, decode_step_secs: pass.step_secs.clone() };
+    let r =
+        bitnet_bench::sweep::summarize(&combo, "m", &prepared, &[sample], &pass, gbps, None, Diagnostics::default());
+    for f in &r.decode.step_fractions {
+        assert!((f - fraction).abs() < 1e-12, "{:?}", r.decode.step_fractions);
+    }
+    assert!((r.decode.roofline_fraction - fraction).abs() < 1e-12);
 }
