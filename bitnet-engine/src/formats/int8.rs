@@ -102,9 +102,11 @@ impl Int8Rows {
     pub fn row_codes(&self, r: usize) -> &[u8] {
         &self.codes.as_slice()[r * self.stride..(r + 1) * self.stride]
     }
-    /// Bytes read to use every weight once (codes of the real columns, plus scales).
+    /// Bytes the kernels read to use every weight once: each row's codes at its stride (the
+    /// kernels read whole 256-wide blocks, padding included: 4% more than the real columns for
+    /// the 3B preset's 3200) and its scale.
     pub fn byte_len(&self) -> usize {
-        self.rows * (self.cols + 4)
+        self.rows * (self.stride + 4)
     }
 }
 
@@ -125,6 +127,8 @@ mod tests {
             }
         }
         assert!(m.row_codes(0)[300..].iter().all(|c| *c == 128));
+        // The kernels read the padded rows (512 codes) and a 4-byte scale per row.
+        assert_eq!(m.byte_len(), 3 * (512 + 4));
         assert!(Int8Rows::quantize(2, 3, &[0.0; 5]).is_err());
     }
 }
