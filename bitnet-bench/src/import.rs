@@ -174,6 +174,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                     roofline_fraction: 0.0,
                     probes_gbps: Vec::new(),
                     step_fractions: Vec::new(),
+                    pass_fractions: Vec::new(),
                 },
                 memory: Memory { weight_bytes: pp.model_size, kv_cache_bytes: 0, peak_rss_bytes: None },
                 quality: None,

@@ -213,6 +213,10 @@ pub struct Decode {
     /// time ÷ the probe right after it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_fractions: Vec<f64>,
+    /// The median of each roofline pass's step fractions, one pass per measured run: the
+    /// independent samples `bitnet-diff` compares (one run's steps are not independent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_fractions: Vec<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -392,6 +396,11 @@ pub fn check(r: &Report) -> Result<()> {
         {
             bail!("{p}.decode.step_fractions: needs one finite, non-negative value per probe in probes_gbps");
         }
+        if res.decode.pass_fractions.len() > res.decode.step_fractions.len()
+            || res.decode.pass_fractions.iter().any(|f| !(f.is_finite() && *f >= 0.0))
+        {
+            bail!("{p}.decode.pass_fractions: needs finite, non-negative values, at most one per step fraction");
+        }
         if res.config.batch == 0 || res.config.threads == 0 {
             bail!("{p}.config: batch and threads must be at least 1");
         }
@@ -489,6 +498,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
                     o.decode.latency_ms = Latency::of(lat);
                     o.decode.probes_gbps.extend(&x.decode.probes_gbps);
                     o.decode.step_fractions.extend(&x.decode.step_fractions);
+                    o.decode.pass_fractions.extend(&x.decode.pass_fractions);
                     o.memory.peak_rss_bytes = o.memory.peak_rss_bytes.max(x.memory.peak_rss_bytes);
                 }
             }

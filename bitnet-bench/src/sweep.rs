@@ -145,7 +145,10 @@ pub trait Runner {
     /// Another run whose decode steps each have a bandwidth probe right after them, for the
     /// roofline fraction: on a shared machine the bandwidth jumps between levels (30 and 54
     /// GB/s here) every few seconds, so probes seconds away from a step say little about it.
-    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass>;
+    /// A decode run with a bandwidth probe after every step. With `reuse_prompt`, decodes again
+    /// from the end of the last pass's prompt (its KV rows are still in the cache) instead of
+    /// prefilling it anew.
+    fn roofline_pass(&mut self, max_new: usize, reuse_prompt: bool) -> Result<RooflinePass>;
     fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics>;
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality>;
 }
@@ -318,7 +321,12 @@ pub fn run_sweep(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        let pass = runner.roofline_pass(spec.max_new_tokens).context("roofline pass")?;
+        // A roofline pass per measured run: the runs, not one run's steps, are the independent
+        // samples `bitnet-diff` tests (`pass_fractions`).
+        let mut passes = Vec::with_capacity(spec.repeat);
+        for i in 0..spec.repeat {
+            passes.push(runner.roofline_pass(spec.max_new_tokens, i > 0).context("roofline pass")?);
+        }
         let diag = if spec.trace || spec.counters {
             runner.diagnose(spec.max_new_tokens, spec.trace, spec.counters)?
         } else {
@@ -335,7 +343,7 @@ pub fn run_sweep(
             None
         };
         let bw = report.roofline.by_threads[&combo.threads.to_string()];
-        let result = summarize(combo, &report.model.name, &prepared, &samples, &pass, bw, quality, diag);
+        let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, bw, quality, diag);
         report.results.push(result);
         let last = report.results.last().expect("just pushed");
         progress(Progress::Done { index, total, result: last, report: &report })?;
@@ -370,7 +378,7 @@ pub fn summarize(
     model: &str,
     prepared: &Prepared,
     samples: &[RunSample],
-    pass: &RooflinePass,
+    passes: &[RooflinePass],
     bandwidth_gbps: f64,
     quality: Option<Quality>,
     diag: Diagnostics,
@@ -384,19 +392,23 @@ pub fn summarize(
     let tg_stat = Stat::of(&tg);
     let tg_median = tg_stat.median;
     // Each step over its own bytes (its position's KV rows), its time and the probe after it.
-    let mid = (pass.step_secs.len() as f64 - 1.0) / 2.0;
-    let step_fractions: Vec<f64> = pass
-        .step_secs
-        .iter()
-        .zip(&pass.probe_gbps)
-        .enumerate()
-        .map(|(i, (t, g))| {
-            let bytes = prepared.bytes_per_step as f64 + prepared.kv_bytes_per_position as f64 * (i as f64 - mid);
-            // As `roofline_fraction`, term for term.
-            let b = combo.batch as f64;
-            bytes * (b / t) / b / (g * 1e9)
-        })
-        .collect();
+    let fractions = |pass: &RooflinePass| -> Vec<f64> {
+        let mid = (pass.step_secs.len() as f64 - 1.0) / 2.0;
+        pass.step_secs
+            .iter()
+            .zip(&pass.probe_gbps)
+            .enumerate()
+            .map(|(i, (t, g))| {
+                let bytes = prepared.bytes_per_step as f64 + prepared.kv_bytes_per_position as f64 * (i as f64 - mid);
+                // As `roofline_fraction`, term for term.
+                let b = combo.batch as f64;
+                bytes * (b / t) / b / (g * 1e9)
+            })
+            .collect()
+    };
+    let per_pass: Vec<Vec<f64>> = passes.iter().map(fractions).filter(|f| !f.is_empty()).collect();
+    let pass_fractions: Vec<f64> = per_pass.iter().map(|f| crate::stats::percentile(f, 50.0)).collect();
+    let step_fractions: Vec<f64> = per_pass.concat();
     let stages = diag.stages.map(|m| {
         let total: f64 = m.values().sum();
         m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: if total > 0.0 { ns / total } else { 0.0 } })).collect()
@@ -422,8 +434,9 @@ pub fn summarize(
             } else {
                 crate::stats::percentile(&step_fractions, 50.0)
             },
-            probes_gbps: pass.probe_gbps.clone(),
+            probes_gbps: passes.iter().flat_map(|p| p.probe_gbps.iter().copied()).collect(),
             step_fractions,
+            pass_fractions,
         },
         memory: Memory {
             weight_bytes: prepared.weight_bytes,
@@ -455,6 +468,9 @@ pub struct EngineRunner {
     prompts: Vec<Vec<u32>>,
     /// The roofline pass's probe buffer, made on first use.
     roofline_probe: Option<ProbeBuffer>,
+    /// The tokens each prompt's prefill chose, from the last run of this combination that
+    /// prefilled (for roofline passes that decode again after the same prompt).
+    after_prompt: Option<Vec<u32>>,
 }
 
 impl EngineRunner {
@@ -511,6 +527,7 @@ impl EngineRunner {
             state: None,
             roofline_probe: None,
             prompts: Vec::new(),
+            after_prompt: None,
         })
     }
 
@@ -531,26 +548,39 @@ impl EngineRunner {
 
     /// One run: prefill, then decode steps, with a bandwidth probe after each step when
     /// `probe` is given (outside the step's time); returns the run and the probes' GB/s.
-    /// `decode_starts` is called between the prefill and the first decode step.
+    /// `decode_starts` is called between the prefill and the first decode step. With
+    /// `reuse_prompt` and a run of this combination before it, the prefill is skipped: the
+    /// prompts' KV rows are still in the cache (decode steps write only after them), so
+    /// decoding from the same first tokens repeats the same steps (prefill and TTFT read 0).
     fn run_probing(
         &mut self,
         max_new: usize,
         probe: Option<&ProbeBuffer>,
         decode_starts: &mut dyn FnMut(),
+        reuse_prompt: bool,
     ) -> Result<(RunSample, Vec<f64>)> {
         let prompts = std::mem::take(&mut self.prompts);
-        let r = (|| {
+        let after_prompt = if reuse_prompt { self.after_prompt.clone() } else { None };
+        let r = (|| -> Result<(RunSample, Vec<f64>, Vec<u32>)> {
             let (model, st, combo) = self.state()?;
             let t0 = Instant::now();
-            let mut next = vec![0u32; combo.batch];
             let mut prefill_secs = 0.0;
-            for (s, p) in prompts.iter().enumerate() {
-                let t = Instant::now();
-                let row = prefill(model, st, s, 0, p, None)?;
-                prefill_secs += t.elapsed().as_secs_f64();
-                next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
-            }
-            let ttft = t0.elapsed().as_secs_f64();
+            let next = match after_prompt {
+                Some(next) => next,
+                None => {
+                    let mut next = vec![0u32; combo.batch];
+                    for (s, p) in prompts.iter().enumerate() {
+                        let t = Instant::now();
+                        let row = prefill(model, st, s, 0, p, None)?;
+                        prefill_secs += t.elapsed().as_secs_f64();
+                        next[s] = argmax(st.logits(row).expect("last prompt row has logits"));
+                    }
+                    next
+                }
+            };
+            let first = next.clone();
+            let mut next = next;
+            let ttft = if prefill_secs > 0.0 { t0.elapsed().as_secs_f64() } else { 0.0 };
             decode_starts();
             let seqs: Vec<usize> = (0..combo.batch).collect();
             let mut positions = vec![0; combo.batch];
@@ -568,10 +598,12 @@ impl EngineRunner {
                     probes.push(p.read_gbps_on(st.pool()).1);
                 }
             }
-            Ok((RunSample { prefill_secs, ttft_secs: ttft, decode_step_secs: steps }, probes))
+            Ok((RunSample { prefill_secs, ttft_secs: ttft, decode_step_secs: steps }, probes, first))
         })();
         self.prompts = prompts;
-        r
+        let (sample, probes, first) = r?;
+        self.after_prompt = Some(first);
+        Ok((sample, probes))
     }
 }
 
@@ -622,6 +654,7 @@ impl Runner for EngineRunner {
 
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared> {
         self.state = None; // free the previous combination's cache first
+        self.after_prompt = None;
         let want = self.format.unwrap_or(combo.kernel.family().native_format());
         if self.model.weights.layers[0].wq.format() != want {
             let (model, desc) = self.model_source.load(want, self.seed, self.gen_threads)?;
@@ -658,17 +691,17 @@ impl Runner for EngineRunner {
     }
 
     fn run(&mut self, max_new: usize) -> Result<RunSample> {
-        Ok(self.run_probing(max_new, None, &mut || {})?.0)
+        Ok(self.run_probing(max_new, None, &mut || {}, false)?.0)
     }
 
-    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass> {
+    fn roofline_pass(&mut self, max_new: usize, reuse_prompt: bool) -> Result<RooflinePass> {
         let probe = match self.roofline_probe.take() {
             Some(p) => p,
             None => ProbeBuffer::new(ROOFLINE_PROBE_BYTES)?,
         };
         // One untimed pass faults the pages in.
         probe.read_gbps_on(self.state()?.1.pool());
-        let r = self.run_probing(max_new, Some(&probe), &mut || {});
+        let r = self.run_probing(max_new, Some(&probe), &mut || {}, reuse_prompt);
         self.roofline_probe = Some(probe);
         let (sample, probe_gbps) = r?;
         Ok(RooflinePass { step_secs: sample.decode_step_secs, probe_gbps })
@@ -680,11 +713,16 @@ impl Runner for EngineRunner {
         let mut c = counters.then(|| bitnet_trace::counters::Counters::open(&bitnet_trace::counters::thread_ids()));
         // The counts of the prefill are read and dropped when decode starts, so what is left
         // is the decode steps' alone.
-        let sample = self.run_probing(max_new, None, &mut || {
-            if let Some(c) = c.as_mut() {
-                c.delta();
-            }
-        });
+        let sample = self.run_probing(
+            max_new,
+            None,
+            &mut || {
+                if let Some(c) = c.as_mut() {
+                    c.delta();
+                }
+            },
+            false,
+        );
         let (_, st, _) = self.state()?;
         let counted = c.as_mut().map(|c| c.delta());
         let spans = trace.then(|| bitnet_trace::spans::Spans::collect(st));

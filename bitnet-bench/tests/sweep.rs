@@ -64,7 +64,7 @@ impl Runner for FakeRunner<'_> {
         let steps = (0..max_new).map(|k| (10.0 + k as f64 + r) * 1e-3 * (1.0 + c.batch as f64 / 4.0)).collect();
         Ok(RunSample { prefill_secs: prefill, ttft_secs: prefill + 1e-3, decode_step_secs: steps })
     }
-    fn roofline_pass(&mut self, max_new: usize) -> Result<RooflinePass> {
+    fn roofline_pass(&mut self, max_new: usize, _reuse_prompt: bool) -> Result<RooflinePass> {
         // Step k takes (10 + k) ms × (1 + B/4) and its probe reads (20 + k) GB/s.
         let c = self.combo.unwrap();
         Ok(RooflinePass {
@@ -167,13 +167,19 @@ fn statistics_come_from_the_runs_after_warm_up() {
     // Prefill: 8 tokens in 8 ms.
     assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
     assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
-    // Roofline: the median of the roofline pass's step fractions, each 1e8 bytes ÷ the step's
-    // time ÷ the probe after it: (10 + k) ms × 1.25 and (20 + k) GB/s for step k; the median
-    // is step 1's. The sweep's probes before (20) and after (25) everything are the header's.
+    // Roofline: a pass per measured run (3), each step's fraction 1e8 bytes ÷ the step's time
+    // ÷ the probe after it: (10 + k) ms × 1.25 and (20 + k) GB/s for step k; each pass's
+    // median, and the median of all, is step 1's. The sweep's probes before (20) and after (25)
+    // everything are the header's.
     let want: Vec<f64> = (0..3).map(|k| 1e8 / ((10.0 + k as f64) * 1.25e-3) / ((20.0 + k as f64) * 1e9)).collect();
-    assert_eq!(first.decode.probes_gbps, vec![20.0, 21.0, 22.0]);
-    for (a, b) in first.decode.step_fractions.iter().zip(&want) {
+    assert_eq!(first.decode.probes_gbps, [20.0, 21.0, 22.0].repeat(3));
+    assert_eq!(first.decode.step_fractions.len(), 9);
+    for (a, b) in first.decode.step_fractions.iter().zip(want.iter().cycle()) {
         assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+    assert_eq!(first.decode.pass_fractions.len(), 3);
+    for p in &first.decode.pass_fractions {
+        assert!((p - want[1]).abs() < 1e-12);
     }
     assert!((first.decode.roofline_fraction - want[1]).abs() < 1e-12);
     assert_eq!(r.roofline.by_threads["2"], 25.0);
@@ -408,10 +414,17 @@ fn each_roofline_step_is_over_its_own_kv_bytes() {
         probe_gbps: vec![gbps; n],
     };
     let sample = RunSample { prefill_secs: 1.0, ttft_secs: 1.0, decode_step_secs: pass.step_secs.clone() };
+    // A second pass at half the fraction (twice the step times): its own median.
+    let slow = RooflinePass { step_secs: pass.step_secs.iter().map(|t| 2.0 * t).collect(), ..pass.clone() };
+    let passes = [pass, slow];
     let r =
-        bitnet_bench::sweep::summarize(&combo, "m", &prepared, &[sample], &pass, gbps, None, Diagnostics::default());
-    for f in &r.decode.step_fractions {
-        assert!((f - fraction).abs() < 1e-12, "{:?}", r.decode.step_fractions);
+        bitnet_bench::sweep::summarize(&combo, "m", &prepared, &[sample], &passes, gbps, None, Diagnostics::default());
+    assert_eq!(r.decode.step_fractions.len(), 2 * n);
+    for (i, f) in r.decode.step_fractions.iter().enumerate() {
+        let want = if i < n { fraction } else { fraction / 2.0 };
+        assert!((f - want).abs() < 1e-12, "{:?}", r.decode.step_fractions);
     }
-    assert!((r.decode.roofline_fraction - fraction).abs() < 1e-12);
+    assert_eq!(r.decode.pass_fractions.len(), 2);
+    assert!((r.decode.pass_fractions[0] - fraction).abs() < 1e-12);
+    assert!((r.decode.pass_fractions[1] - fraction / 2.0).abs() < 1e-12);
 }

@@ -59,14 +59,17 @@ pub fn metrics() -> Vec<Metric> {
         Metric {
             name: "decode.roofline_fraction",
             better: Better::Higher,
-            // Each roofline-pass step over the probe taken right after it, where the report
-            // has them (their median is `roofline_fraction`): samples to test, which stay
-            // comparable when the machine's bandwidth moved between the two runs.
+            // Each roofline pass's median (a pass per measured run; each step over the probe
+            // taken right after it, so the samples stay comparable when the machine's
+            // bandwidth moved between the two runs). A report with one pass (`step_fractions`
+            // only) or none is one sample: a run's steps are not independent samples.
             samples: |r| {
-                Some(if r.decode.step_fractions.is_empty() {
-                    vec![r.decode.roofline_fraction]
+                Some(if !r.decode.pass_fractions.is_empty() {
+                    r.decode.pass_fractions.clone()
+                } else if !r.decode.step_fractions.is_empty() {
+                    vec![crate::stats::median(&r.decode.step_fractions)]
                 } else {
-                    r.decode.step_fractions.clone()
+                    vec![r.decode.roofline_fraction]
                 })
             },
         },

@@ -10,10 +10,13 @@ use bitnet_diff::compare::{compare, Verdict};
 fn base() -> Report {
     let path = format!("{}/tests/data/aa-a1.json", env!("CARGO_MANIFEST_DIR"));
     let mut r = bitnet_bench::report::load(std::path::Path::new(&path)).unwrap();
-    // A roofline pass per result: one fraction per decode step, each step over its own probe.
+    // Four roofline passes per result (one per run) of four steps: one fraction per decode
+    // step, each step over its own probe, and each pass's median.
     for (i, x) in r.results.iter_mut().enumerate() {
-        x.decode.step_fractions = (0..8).map(|k| 0.80 + 0.01 * ((k * 3 + i) % 5) as f64).collect();
-        x.decode.probes_gbps = vec![30.0; 8];
+        x.decode.step_fractions = (0..16).map(|k| 0.80 + 0.01 * ((k * 3 + i) % 5) as f64).collect();
+        x.decode.probes_gbps = vec![30.0; 16];
+        x.decode.pass_fractions =
+            x.decode.step_fractions.chunks(4).map(|c| bitnet_bench::stats::percentile(c, 50.0)).collect();
         x.decode.roofline_fraction = bitnet_bench::stats::percentile(&x.decode.step_fractions, 50.0);
     }
     r
@@ -49,7 +52,7 @@ fn a_slower_host_is_named_and_the_roofline_fraction_does_not_move() {
         assert_eq!((tps.metric.as_str(), tps.verdict), ("decode.tokens_per_sec", Verdict::Regression));
         let roof = &p.metrics[1];
         assert_eq!(roof.metric, "decode.roofline_fraction");
-        assert_eq!((roof.n_base, roof.n_new), (8, 8), "the step fractions are the samples");
+        assert_eq!((roof.n_base, roof.n_new), (4, 4), "the passes' medians are the samples");
         assert_eq!(roof.verdict, Verdict::Unchanged);
         assert_eq!(roof.base_median, roof.new_median);
         assert!((0.8..=0.84).contains(&roof.base_median), "the median of the step fractions: {}", roof.base_median);
