@@ -513,7 +513,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         let bw = out.roofline.by_threads.get(&o.config.threads.to_string()).copied().unwrap_or(0.0);
         if bw > 0.0 {
             o.decode.roofline_fraction = crate::sweep::roofline_fraction(
-                o.decode.bytes_per_step,
+                o.decode.bytes_per_step as f64,
                 o.decode.tokens_per_sec.median,
                 o.config.batch,
                 bw,

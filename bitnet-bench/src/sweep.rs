@@ -145,9 +145,8 @@ pub trait Runner {
     /// Another run whose decode steps each have a bandwidth probe right after them, for the
     /// roofline fraction: on a shared machine the bandwidth jumps between levels (30 and 54
     /// GB/s here) every few seconds, so probes seconds away from a step say little about it.
-    /// A decode run with a bandwidth probe after every step. With `reuse_prompt`, decodes again
-    /// from the end of the last pass's prompt (its KV rows are still in the cache) instead of
-    /// prefilling it anew.
+    /// With `reuse_prompt`, decodes again after the last run's prompt (its KV rows are still in
+    /// the cache) instead of prefilling it anew.
     fn roofline_pass(&mut self, max_new: usize, reuse_prompt: bool) -> Result<RooflinePass>;
     fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics>;
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality>;
@@ -360,15 +359,15 @@ pub fn run_sweep(
         for r in report.results.iter_mut().filter(|r| r.decode.step_fractions.is_empty()) {
             let bw = report.roofline.by_threads[&r.config.threads.to_string()];
             r.decode.roofline_fraction =
-                roofline_fraction(r.decode.bytes_per_step, r.decode.tokens_per_sec.median, r.config.batch, bw);
+                roofline_fraction(r.decode.bytes_per_step as f64, r.decode.tokens_per_sec.median, r.config.batch, bw);
         }
     }
     Ok(report)
 }
 
 /// Bytes read per decode step × steps per second ÷ bandwidth (GB/s).
-pub fn roofline_fraction(bytes_per_step: u64, tokens_per_sec: f64, batch: usize, bandwidth_gbps: f64) -> f64 {
-    bytes_per_step as f64 * tokens_per_sec / batch as f64 / (bandwidth_gbps * 1e9)
+pub fn roofline_fraction(bytes_per_step: f64, tokens_per_sec: f64, batch: usize, bandwidth_gbps: f64) -> f64 {
+    bytes_per_step * tokens_per_sec / batch as f64 / (bandwidth_gbps * 1e9)
 }
 
 /// The statistics of one combination's runs.
@@ -400,9 +399,7 @@ pub fn summarize(
             .enumerate()
             .map(|(i, (t, g))| {
                 let bytes = prepared.bytes_per_step as f64 + prepared.kv_bytes_per_position as f64 * (i as f64 - mid);
-                // As `roofline_fraction`, term for term.
-                let b = combo.batch as f64;
-                bytes * (b / t) / b / (g * 1e9)
+                roofline_fraction(bytes, combo.batch as f64 / t, combo.batch, *g)
             })
             .collect()
     };
@@ -430,7 +427,7 @@ pub fn summarize(
             bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
             bytes_per_step: prepared.bytes_per_step,
             roofline_fraction: if step_fractions.is_empty() {
-                roofline_fraction(prepared.bytes_per_step, tg_median, combo.batch, bandwidth_gbps)
+                roofline_fraction(prepared.bytes_per_step as f64, tg_median, combo.batch, bandwidth_gbps)
             } else {
                 crate::stats::percentile(&step_fractions, 50.0)
             },
