@@ -72,18 +72,23 @@ pub fn runs(path: &Path) -> Result<Vec<Run>> {
     Ok(out)
 }
 
-/// The newest complete run of the commit `rev` (a full hash or a prefix of at least 4).
+/// The newest complete run of the commit `rev` (a full hash or a prefix of at least 4) built
+/// from a clean tree; where the commit has only runs with uncommitted changes
+/// (`tool.git_dirty`), the newest of those, which `bitnet-diff` then notes as such.
 pub fn latest_of(path: &Path, rev: &str) -> Result<Report> {
     if rev.len() < 4 {
         bail!("revision {rev:?}: give at least 4 characters of the commit hash");
     }
     let all = runs(path)?;
-    let found = all
+    let of_rev: Vec<Report> = all
         .into_iter()
         .rev()
-        .find(|r| r.report.complete && r.report.tool.git_commit.as_deref().is_some_and(|c| c.starts_with(rev)));
-    match found {
-        Some(r) => Ok(r.report),
+        .map(|r| r.report)
+        .filter(|r| r.complete && r.tool.git_commit.as_deref().is_some_and(|c| c.starts_with(rev)))
+        .collect();
+    let clean = of_rev.iter().position(|r| r.tool.git_dirty != Some(true));
+    match clean.or((!of_rev.is_empty()).then_some(0)) {
+        Some(i) => Ok(of_rev.into_iter().nth(i).expect("index within the runs found")),
         None => bail!("--db {}: no complete run of commit {rev}", path.display()),
     }
 }

@@ -215,6 +215,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             governor: None,
             turbo: None,
             transparent_hugepage: None,
+            huge_pages_requested: None,
             pinned: false,
             rustc: String::new(),
         },

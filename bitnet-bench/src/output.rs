@@ -25,6 +25,15 @@ const HEADERS: [&str; 16] = [
     "kl / top1",
 ];
 
+/// Steps below which a p99 is marked: from fewer, it is about the slowest step.
+const P99_MIN_STEPS: usize = 100;
+
+/// The p99 cell, marked `*` when it comes from fewer than [`P99_MIN_STEPS`] steps.
+fn p99_cell(l: &crate::report::Latency) -> String {
+    let few = (1..P99_MIN_STEPS).contains(&l.samples.len());
+    format!("{:.2}{}", l.p99, if few { "*" } else { "" })
+}
+
 fn row(r: &BenchResult) -> [String; 16] {
     let c = &r.config;
     let tg = &r.decode.tokens_per_sec;
@@ -41,7 +50,7 @@ fn row(r: &BenchResult) -> [String; 16] {
         format!("{:.2}", tg.median),
         format!("{:.2}", (tg.ci95_high - tg.ci95_low) / 2.0),
         format!("{:.2}", r.decode.latency_ms.p50),
-        format!("{:.2}", r.decode.latency_ms.p99),
+        p99_cell(&r.decode.latency_ms),
         roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
         kv_cache_known(r).map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
@@ -52,7 +61,7 @@ fn row(r: &BenchResult) -> [String; 16] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}",
+        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
@@ -66,22 +75,34 @@ pub fn header(r: &Report) -> String {
         r.settings.warmup,
         r.settings.repeat,
         r.settings.max_new_tokens,
+        if s.huge_pages_requested == Some(false) { "; no huge pages (BITNET_HUGE_PAGES=0)" } else { "" },
         if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
     )
 }
 
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a
-/// warning when they are more than 10% apart (the roofline fractions are then uncertain).
+/// warning when the probes of one thread count are more than 10% apart (the roofline
+/// fractions are then uncertain), with that count's probes where it is not the header's.
 fn probes_note(r: &crate::report::Roofline) -> String {
-    let Some(p) = r.probes_gbps.get(&r.threads.to_string()).filter(|p| p.len() > 1) else { return String::new() };
-    let each: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
-    let spread = r.probe_spread();
-    let warn = if spread > 0.10 {
-        format!(", {:.0}% apart: bandwidth moved during the sweep", spread * 100.0)
-    } else {
-        String::new()
+    let top = r.threads.to_string();
+    let list = |p: &[f64]| p.iter().map(|g| format!("{g:.1}")).collect::<Vec<_>>().join(" → ");
+    let mut note = match r.probes_gbps.get(&top).filter(|p| p.len() > 1) {
+        Some(p) => format!("; probes {}", list(p)),
+        None => String::new(),
     };
-    format!("; probes {}{warn}", each.join(" → "))
+    if let Some((threads, spread)) = r.widest_probe_spread().filter(|w| w.1 > 0.10) {
+        let pct = spread * 100.0;
+        if threads == top {
+            let _ = write!(note, ", {pct:.0}% apart: bandwidth moved during the sweep");
+        } else {
+            let _ = write!(
+                note,
+                "; {threads}-thread probes {}, {pct:.0}% apart: bandwidth moved during the sweep",
+                list(&r.probes_gbps[threads])
+            );
+        }
+    }
+    note
 }
 
 fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {
@@ -149,7 +170,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 }
 
 /// What the columns are, under the terminal and Markdown tables.
-const LEGEND: &str = "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency; roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a 128 MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV.";
+const LEGEND: &str = "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than 100 steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a 128 MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV.";
 
 /// Markdown for PR comments: a summary line, then the table.
 pub fn markdown(r: &Report) -> String {

@@ -111,19 +111,26 @@ impl Roofline {
 
     /// Largest relative spread between the probes of one thread count, (max − min) / max.
     pub fn probe_spread(&self) -> f64 {
+        self.widest_probe_spread().map_or(0.0, |(_, s)| s)
+    }
+
+    /// The thread count whose probes are furthest apart, and their spread (max − min) / max;
+    /// the first such count where several tie.
+    pub fn widest_probe_spread(&self) -> Option<(&str, f64)> {
+        let spread = |v: &[f64]| {
+            let hi = v.iter().copied().fold(f64::MIN, f64::max);
+            let lo = v.iter().copied().fold(f64::MAX, f64::min);
+            if hi > 0.0 {
+                (hi - lo) / hi
+            } else {
+                0.0
+            }
+        };
         self.probes_gbps
-            .values()
-            .filter(|v| !v.is_empty())
-            .map(|v| {
-                let hi = v.iter().copied().fold(f64::MIN, f64::max);
-                let lo = v.iter().copied().fold(f64::MAX, f64::min);
-                if hi > 0.0 {
-                    (hi - lo) / hi
-                } else {
-                    0.0
-                }
-            })
-            .fold(0.0, f64::max)
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(t, v)| (t.as_str(), spread(v)))
+            .fold(None, |best: Option<(&str, f64)>, x| if best.is_some_and(|b| b.1 >= x.1) { best } else { Some(x) })
     }
 }
 

@@ -29,6 +29,10 @@ pub struct System {
     /// they get 4 KiB pages and one thread streams about a quarter slower on our machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent_hugepage: Option<String>,
+    /// Whether the engine asked for huge pages for those buffers: false when the run had
+    /// `BITNET_HUGE_PAGES=0` in its environment (absent from older and imported reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages_requested: Option<bool>,
     /// Whether worker threads were pinned to cores.
     pub pinned: bool,
     pub rustc: String,
@@ -115,6 +119,7 @@ pub fn fingerprint(isa_used: &[IsaLevel], pinned: bool) -> System {
         governor: read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
         turbo,
         transparent_hugepage: read("/sys/kernel/mm/transparent_hugepage/enabled").and_then(|m| thp_mode(&m)),
+        huge_pages_requested: Some(bitnet_engine::aligned::huge_pages_enabled()),
         pinned,
         rustc: env!("BITNET_RUSTC_VERSION").to_string(),
     }

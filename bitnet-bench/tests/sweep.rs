@@ -133,6 +133,7 @@ fn sweep(stop_after: Option<usize>) -> Report {
         governor: None,
         turbo: None,
         transparent_hugepage: Some("madvise".into()),
+        huge_pages_requested: Some(true),
         pinned: false,
         rustc: "rustc 1.95.0".into(),
     };
@@ -142,6 +143,20 @@ fn sweep(stop_after: Option<usize>) -> Report {
         x.config.isa = "avx512".into();
     }
     r
+}
+
+#[test]
+fn the_header_names_probes_that_moved_and_missing_huge_pages() {
+    let mut r = sweep(None);
+    let h = output::header(&r);
+    assert!(h.contains("; probes 20.0 → 25.0, 20% apart: bandwidth moved during the sweep"), "{h}");
+    assert!(!h.contains("huge pages"), "{h}");
+    // A wider spread at another thread count is named with that count's own probes.
+    r.roofline.probes_gbps.insert("1".into(), vec![10.0, 15.0]);
+    r.system.huge_pages_requested = Some(false);
+    let h = output::header(&r);
+    assert!(h.contains("; probes 20.0 → 25.0; 1-thread probes 10.0 → 15.0, 33% apart: bandwidth moved"), "{h}");
+    assert!(h.contains("no huge pages (BITNET_HUGE_PAGES=0)"), "{h}");
 }
 
 #[test]

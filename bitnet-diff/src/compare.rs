@@ -320,6 +320,10 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     if let (Some(x), Some(y)) = (&a.system.transparent_hugepage, &b.system.transparent_hugepage) {
         diff("transparent huge pages", x.clone(), y.clone());
     }
+    if let (Some(x), Some(y)) = (a.system.huge_pages_requested, b.system.huge_pages_requested) {
+        let asked = |on: bool| if on { "asked for" } else { "not asked for (BITNET_HUGE_PAGES=0)" }.to_string();
+        diff("huge pages", asked(x), asked(y));
+    }
     let threads = |r: &Report| {
         let mut t: Vec<usize> = r.results.iter().map(|x| x.config.threads).collect();
         t.sort();
@@ -516,12 +520,19 @@ pub fn compare(
         notes: {
             let mut notes = if across { across_notes(base, new) } else { Vec::new() };
             notes.extend(bandwidth_notes(base, new, threshold));
-            for (which, r) in [("BASE", base), ("NEW", new)] {
+            // What a report's missing configurations are listed as, and what that does.
+            for (which, r, lacks, effect) in
+                [("BASE", base, "added", ""), ("NEW", new, "removed", "; with --fail-on regression the gate fails")]
+            {
                 if !r.complete {
                     notes.push(format!(
-                        "{which} is incomplete (its run was interrupted): configurations it lacks are listed as {}{}",
-                        if which == "NEW" { "removed" } else { "added" },
-                        if which == "NEW" { "; with --fail-on regression the gate fails" } else { "" }
+                        "{which} is incomplete (its run was interrupted): configurations it lacks are listed as {lacks}{effect}"
+                    ));
+                }
+                if r.tool.git_dirty == Some(true) {
+                    notes.push(format!(
+                        "{which} was built from a tree with uncommitted changes (tool.git_dirty): commit {} does not name the code it measured",
+                        r.tool.git_commit.as_deref().unwrap_or("(unknown)")
                     ));
                 }
             }

@@ -104,12 +104,20 @@ fn added_removed_and_environment() {
         v["settings"]["max_new_tokens"] = 64.into();
         v["settings"]["warmup"] = 0.into();
         v["system"]["transparent_hugepage"] = "never".into();
+        v["system"]["huge_pages_requested"] = false.into();
     });
-    let thp = edited(&d, "thp.json", |v| v["system"]["transparent_hugepage"] = "madvise".into());
+    let thp = edited(&d, "thp.json", |v| {
+        v["system"]["transparent_hugepage"] = "madvise".into();
+        v["system"]["huge_pages_requested"] = true.into();
+    });
     let (code, _, err) = run(&[&thp, &other_settings]);
     assert_eq!(code, 0);
-    for w in ["new tokens per run differs: 16 vs 64", "warm-up runs differs: 1 vs 0", "transparent huge pages differs"]
-    {
+    for w in [
+        "new tokens per run differs: 16 vs 64",
+        "warm-up runs differs: 1 vs 0",
+        "transparent huge pages differs",
+        "huge pages differs: asked for vs not asked for (BITNET_HUGE_PAGES=0)",
+    ] {
         assert!(err.contains(w), "{w}: {err}");
     }
     let other_cpu = edited(&d, "cpu.json", |v| v["system"]["cpu_model"] = "Other CPU".into());
@@ -217,6 +225,14 @@ fn history_database_compares_commits_and_prints_a_trend() {
         }
         bitnet_bench::history::append(&db, &r).unwrap();
     }
+    // Newer runs from trees with uncommitted changes: a commit's clean run is preferred to
+    // them, and one that has only such a run gets it, with a note.
+    for commit in ["bbbb2222", "ffff6666"] {
+        let mut r = quiet.clone();
+        r.tool.git_commit = Some(commit.into());
+        r.tool.git_dirty = Some(true);
+        bitnet_bench::history::append(&db, &r).unwrap();
+    }
     // The same model name from a GGUF file: its own series.
     let mut g = quiet.clone();
     g.tool.git_commit = Some("eeee5555".into());
@@ -227,6 +243,14 @@ fn history_database_compares_commits_and_prints_a_trend() {
         run(&["--db", dbs, "--base", "aaaa", "--head", "bbbb2222", "--metrics", "decode.tokens_per_sec"]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("4 regressions"), "{out}");
+    assert!(!out.contains("uncommitted"), "{out}");
+    let (code, out, err) =
+        run(&["--db", dbs, "--base", "aaaa", "--head", "ffff", "--metrics", "decode.tokens_per_sec"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("NEW was built from a tree with uncommitted changes (tool.git_dirty): commit ffff6666"),
+        "{out}"
+    );
     let svg = d.join("trend.svg");
     let (code, out, err) =
         run(&["--db", dbs, "--history", "--metric", "decode.tokens_per_sec", "--plot", svg.to_str().unwrap()]);
