@@ -376,7 +376,9 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
         ));
     }
     let pprof = sampled.map(|s| {
-        let thread_ns = wall_ms * 1e6 * opts.threads as f64;
+        // The spans' share of the time the samples are a share of: the process's CPU time
+        // while sampled (threads asleep take no samples), else the threads' wall time.
+        let thread_ns = s.cpu_ns.filter(|&ns| ns > 0.0).unwrap_or(wall_ms * 1e6 * opts.threads as f64);
         let mut rows = Vec::new();
         for (stage, function) in
             [(Stage::Unpack, "unpack_stage"), (Stage::Dot, "dot_stage"), (Stage::Xnor, "xnor_stage"), (Stage::Popcount, "popcount_stage")]
@@ -393,7 +395,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             }
             if !ok {
                 failures.push(format!(
-                    "{stage}: spans give {span_pct:.1}% of thread-time but pprof finds {sampled_pct:.1}% of {} samples in {function}",
+                    "{stage}: spans give {span_pct:.1}% of CPU time but pprof finds {sampled_pct:.1}% of {} samples in {function}",
                     s.samples
                 ));
             }

@@ -114,7 +114,8 @@ pub struct PprofCheck {
 pub struct PprofRow {
     pub stage: String,
     pub function: String,
-    /// Stage time / (threads × wall), in %.
+    /// Stage time / the process's CPU time while sampled (threads × wall where that is not
+    /// readable), in %.
     pub span_pct: f64,
     /// Samples with the function on the stack / all samples, in %.
     pub sampled_pct: f64,
