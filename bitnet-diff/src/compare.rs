@@ -465,11 +465,7 @@ pub fn compare(
                     (true, false) => "the base has",
                     _ => "the new report has",
                 };
-                not_compared.push(format!(
-                    "{} {}: {which} no samples or samples that are not positive",
-                    crate::render::cfg(cfg),
-                    m.name
-                ));
+                not_compared.push(format!("{cfg} {}: {which} no samples or samples that are not positive", m.name));
                 continue;
             }
             let (d, lo, hi, p, verdict, note) = decide(&sb, &sn, m.better, threshold, seed);

@@ -3,13 +3,7 @@
 
 use std::fmt::Write;
 
-use bitnet_bench::report::Config;
-
 use crate::compare::{Comparison, ConfigDiff, MetricDiff};
-
-pub(crate) fn cfg(c: &Config) -> String {
-    c.to_string()
-}
 
 fn pct(x: f64) -> String {
     format!("{:+.1}%", x * 100.0)
@@ -26,7 +20,7 @@ fn pair_label(p: &ConfigDiff) -> String {
                 c.model, c.kernel, c.isa, b.kernel, b.isa, c.batch, c.context_length, c.kv_precision, c.threads
             )
         }
-        None => cfg(&p.config),
+        None => p.config.to_string(),
     }
 }
 
@@ -75,13 +69,13 @@ fn footer(c: &Comparison, o: &mut String, md: bool) {
     if !c.added.is_empty() {
         let _ = writeln!(o, "\nadded (only in {}):", c.new);
         for x in &c.added {
-            let _ = writeln!(o, "{bullet}{}", cfg(x));
+            let _ = writeln!(o, "{bullet}{x}");
         }
     }
     if !c.removed.is_empty() {
         let _ = writeln!(o, "\nremoved (only in {}):", c.base);
         for x in &c.removed {
-            let _ = writeln!(o, "{bullet}{}", cfg(x));
+            let _ = writeln!(o, "{bullet}{x}");
         }
     }
     for n in &c.notes {
