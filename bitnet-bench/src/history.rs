@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use rusqlite::{params, Connection};
 
 use crate::report::{self, Report};
@@ -86,9 +86,6 @@ pub fn latest_of(path: &Path, rev: &str) -> Result<Report> {
         .map(|r| r.report)
         .filter(|r| r.complete && r.tool.git_commit.as_deref().is_some_and(|c| c.starts_with(rev)))
         .collect();
-    let clean = of_rev.iter().position(|r| r.tool.git_dirty != Some(true));
-    match clean.or((!of_rev.is_empty()).then_some(0)) {
-        Some(i) => Ok(of_rev.into_iter().nth(i).expect("index within the runs found")),
-        None => bail!("--db {}: no complete run of commit {rev}", path.display()),
-    }
+    let pick = of_rev.iter().position(|r| r.tool.git_dirty != Some(true)).unwrap_or(0);
+    of_rev.into_iter().nth(pick).ok_or_else(|| anyhow!("--db {}: no complete run of commit {rev}", path.display()))
 }

@@ -378,7 +378,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
     let pprof = sampled.map(|s| {
         // The spans' share of the time the samples are a share of: the process's CPU time
         // while sampled (threads asleep take no samples), else the threads' wall time.
-        let thread_ns = s.cpu_ns.filter(|&ns| ns > 0.0).unwrap_or(wall_ms * 1e6 * opts.threads as f64);
+        let sampled_ns = s.cpu_ns.filter(|&ns| ns > 0.0).unwrap_or(wall_ms * 1e6 * opts.threads as f64);
         let mut rows = Vec::new();
         for (stage, function) in
             [(Stage::Unpack, "unpack_stage"), (Stage::Dot, "dot_stage"), (Stage::Xnor, "xnor_stage"), (Stage::Popcount, "popcount_stage")]
@@ -387,7 +387,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             if ns == 0.0 {
                 continue;
             }
-            let span_pct = ns / thread_ns * 100.0;
+            let span_pct = ns / sampled_ns * 100.0;
             let sampled_pct = s.shares.iter().find(|(f, _)| f == function).map_or(0.0, |(_, v)| v * 100.0);
             let ok = (span_pct - sampled_pct).abs() <= PPROF_TOLERANCE_PP;
             if s.samples < PPROF_MIN_SAMPLES {
