@@ -176,7 +176,12 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                     step_fractions: Vec::new(),
                     pass_fractions: Vec::new(),
                 },
-                memory: Memory { weight_bytes: pp.model_size, kv_cache_bytes: 0, peak_rss_bytes: None },
+                memory: Memory {
+                    weight_bytes: pp.model_size,
+                    kv_cache_bytes: 0,
+                    peak_rss_bytes: None,
+                    repack_bytes: None,
+                },
                 quality: None,
                 stages: None,
                 counters: None,

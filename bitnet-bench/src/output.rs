@@ -61,10 +61,14 @@ fn row(r: &BenchResult) -> [String; 16] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}, {:.0} MiB of weights{}, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
+        match r.results.iter().filter_map(|x| x.memory.repack_bytes).max() {
+            Some(b) if b > 0 => format!(" + up to {:.0} MiB held by kernel repacks", b as f64 / 1048576.0),
+            _ => String::new(),
+        },
         r.model.source,
         s.cpu_model,
         s.physical_cores,

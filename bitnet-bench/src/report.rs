@@ -255,12 +255,17 @@ impl Latency {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Memory {
-    /// Bytes of all weights as held in memory.
+    /// Bytes of all weights as loaded, without kernel repacks (`repack_bytes`).
     pub weight_bytes: u64,
     /// Exact bytes of the KV cache of this combination.
     pub kv_cache_bytes: u64,
     /// Peak resident set size of the process so far (VmHWM); null where unreadable.
     pub peak_rss_bytes: Option<u64>,
+    /// Bytes the combination's kernel holds beside the weights, made from them at load: the
+    /// `tq1` `lut` form's lookup repack, the AVX2 `tq2` kernel's copy of the codes; 0 for the
+    /// others (absent from older and imported reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repack_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

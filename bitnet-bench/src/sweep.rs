@@ -93,6 +93,8 @@ pub struct Combo {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Prepared {
     pub weight_bytes: u64,
+    /// Bytes the kernel holds beside the weights ([`bitnet_engine::model::Weights::repack_bytes`]).
+    pub repack_bytes: u64,
     pub kv_cache_bytes: u64,
     /// Bytes a decode step reads, the mean over the run's steps (the KV cache grows by a
     /// position a step).
@@ -439,6 +441,7 @@ pub fn summarize(
             weight_bytes: prepared.weight_bytes,
             kv_cache_bytes: prepared.kv_cache_bytes,
             peak_rss_bytes: peak_rss(),
+            repack_bytes: Some(prepared.repack_bytes),
         },
         quality,
         stages,
@@ -679,6 +682,7 @@ impl Runner for EngineRunner {
             + kv_bytes_per_position * twice_mean_rows / 2;
         let prepared = Prepared {
             weight_bytes: self.model_info().weight_bytes,
+            repack_bytes: self.model.weights.repack_bytes(Some(combo.kernel)) as u64,
             kv_cache_bytes: st.kv_cache().byte_len() as u64,
             bytes_per_step,
             kv_bytes_per_position,

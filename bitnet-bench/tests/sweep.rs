@@ -46,6 +46,7 @@ impl Runner for FakeRunner<'_> {
         self.combo = Some(*combo);
         Ok(Prepared {
             weight_bytes: 1 << 20,
+            repack_bytes: 0,
             kv_cache_bytes: 4096 * combo.batch as u64,
             bytes_per_step: 100_000_000,
             kv_bytes_per_position: 0,
@@ -157,6 +158,16 @@ fn the_header_names_probes_that_moved_and_missing_huge_pages() {
     let h = output::header(&r);
     assert!(h.contains("; probes 20.0 → 25.0; 1-thread probes 10.0 → 15.0, 33% apart: bandwidth moved"), "{h}");
     assert!(h.contains("no huge pages (BITNET_HUGE_PAGES=0)"), "{h}");
+}
+
+#[test]
+fn the_header_names_the_largest_kernel_repack() {
+    let mut r = sweep(None);
+    assert!(!output::header(&r).contains("repack"));
+    r.results[0].memory.repack_bytes = Some(3 << 20);
+    r.results[1].memory.repack_bytes = Some(5 << 19);
+    let h = output::header(&r);
+    assert!(h.contains("1 MiB of weights + up to 3 MiB held by kernel repacks,"), "{h}");
 }
 
 #[test]
@@ -411,6 +422,23 @@ fn bytes_per_step_is_the_mean_over_the_steps_kv_positions() {
     let weights = runner.model().weights.bytes_read_per_token_by(Some(kernel)) as u64;
     // Rows read: 9, 10, 11, 12; mean 10.5.
     assert_eq!(p.bytes_per_step, weights + kv_pp * 21 / 2);
+    assert_eq!(p.repack_bytes, 0);
+}
+
+#[test]
+fn the_avx2_tq2_kernel_reports_its_code_copy() {
+    // It holds and reads 64 bytes per 256 weights of every linear (the tiny preset's rows have
+    // one scale each), where the blocks are 66.
+    let spec = SweepSpec { model: "tiny".into(), threads: vec![1], kernels: vec![KernelFamily::Tq2], ..spec() };
+    let mut runner = bitnet_bench::sweep::EngineRunner::load(&spec).unwrap();
+    let kernel = Kernel::new(KernelFamily::Tq2, IsaLevel::Avx2, KernelForm::Fused).unwrap();
+    let combo = Combo { kernel, batch: 1, context_length: 8, kv: KvPrecision::F16, threads: 1 };
+    let p = runner.prepare(&combo, 4).unwrap();
+    let w = &runner.model().weights;
+    assert_eq!(p.repack_bytes as usize * 66, w.linear_bytes() * 64);
+    let split = Kernel::new(KernelFamily::Tq2, IsaLevel::Avx2, KernelForm::Split).unwrap();
+    let read = |k| w.bytes_read_per_token_by(Some(k));
+    assert_eq!(read(split) - read(kernel), w.linear_bytes() - p.repack_bytes as usize);
 }
 
 #[test]
@@ -419,8 +447,13 @@ fn each_roofline_step_is_over_its_own_kv_bytes() {
     // it: every step fraction, and so their median, is that fraction.
     let kernel = Kernel::new(KernelFamily::I2s, IsaLevel::Scalar, KernelForm::Fused).unwrap();
     let combo = Combo { kernel, batch: 1, context_length: 100, kv: KvPrecision::F16, threads: 1 };
-    let prepared =
-        Prepared { weight_bytes: 0, kv_cache_bytes: 0, bytes_per_step: 50_000_000, kv_bytes_per_position: 1_000_000 };
+    let prepared = Prepared {
+        weight_bytes: 0,
+        repack_bytes: 0,
+        kv_cache_bytes: 0,
+        bytes_per_step: 50_000_000,
+        kv_bytes_per_position: 1_000_000,
+    };
     let (n, gbps, fraction) = (8usize, 20.0, 0.8);
     let mid = (n as f64 - 1.0) / 2.0;
     let step_bytes = |i: usize| 50e6 + 1e6 * (i as f64 - mid);

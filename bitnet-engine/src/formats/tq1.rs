@@ -221,7 +221,7 @@ impl Tq1Matrix {
     }
 
     /// The table-lookup repack of this matrix (made on the first call, which may take a while
-    /// for a large matrix; [`crate::model::Weights::prepare_lut`] makes them all up front), or
+    /// for a large matrix; [`crate::model::Weights::prepare_repacks`] makes them all up front), or
     /// `None` when a row's blocks have different scales.
     pub fn lut(&self) -> Option<&Tq1LutMatrix> {
         self.lut.0.get_or_init(|| Tq1LutMatrix::from_tq1(self)).as_ref()

@@ -169,7 +169,7 @@ pub enum KernelForm {
     /// `popcount`), as separate non-inlined stages — so their costs can be told apart.
     Split,
     /// `tq1` only: look sums up instead of decoding weights. The TQ1_0 matrix is repacked (on
-    /// first use, or by `Model::prepare_lut`) into groups of three weights as a 4-bit pattern
+    /// first use, or by `Weights::prepare_repacks`) into groups of three weights as a 4-bit pattern
     /// index and a sign bit (1.67 bits per weight), each token gets a table of the 14 pattern
     /// sums per group of three activations, and `vpshufb` does 32 lookups at once (see
     /// `formats::tq1_lut`).
@@ -435,19 +435,56 @@ impl Kernel {
         self.family == KernelFamily::Tq1 && self.form == KernelForm::Lut
     }
 
-    /// Makes what this kernel reads beside `w` (the `lut` form's repack), so that the first
-    /// call does not pay for it.
+    /// Whether this kernel reads TQ2_0 weights through their codes without scales
+    /// ([`Tq2Matrix::codes`](crate::formats::Tq2Matrix::codes)): the fused AVX2 kernel, at
+    /// every batch size.
+    pub fn uses_tq2_codes(&self) -> bool {
+        self.family == KernelFamily::Tq2 && self.isa == IsaLevel::Avx2 && self.form == KernelForm::Fused
+    }
+
+    /// Makes what this kernel reads beside `w` (the `lut` form's repack, the fused AVX2 tq2
+    /// kernel's code copy), so that the first call does not pay for it.
     pub fn prepare(&self, w: &PackedWeights) {
-        if let (true, PackedWeights::Tq1(m)) = (self.uses_lut(), w) {
-            m.lut();
+        match w {
+            PackedWeights::Tq1(m) if self.uses_lut() => {
+                m.lut();
+            }
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => {
+                m.codes();
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether [`Kernel::prepare`] has nothing left to make for `w`.
+    pub fn prepared(&self, w: &PackedWeights) -> bool {
+        match w {
+            PackedWeights::Tq1(m) if self.uses_lut() => m.lut_made(),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_made(),
+            _ => true,
+        }
+    }
+
+    /// Bytes of memory this kernel holds beside `w` (made or not): the `lut` form's repack, the
+    /// fused AVX2 tq2 kernel's code copy.
+    pub fn repack_bytes(&self, w: &PackedWeights) -> usize {
+        match w {
+            PackedWeights::Tq1(_) if self.uses_lut() => crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_byte_len(),
+            _ => 0,
         }
     }
 
     /// Bytes this kernel reads to use every weight of `w` once: the repack's for the `lut`
-    /// form (when the matrix has one), the matrix's own otherwise.
+    /// form (when the matrix has one); for the fused AVX2 tq2 kernel, the codes of rows of one
+    /// scale and the blocks of the others; the matrix's own otherwise.
     pub fn bytes_read(&self, w: &PackedWeights) -> usize {
         match w {
             PackedWeights::Tq1(m) if self.uses_lut() => m.lut().map_or(m.byte_len(), |l| l.byte_len()),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => {
+                let (uniform, rows) = (m.uniform_row_count(), m.rows());
+                (uniform * m.codes_byte_len() + (rows - uniform) * m.byte_len()) / rows
+            }
             _ => w.byte_len(),
         }
     }
@@ -1510,6 +1547,38 @@ mod tests {
                     assert_eq!(next, lines, "offset {offset} len {len} steps {steps}");
                 }
             }
+        }
+    }
+
+    /// The fused AVX2 tq2 kernel holds a copy of the codes (64 bytes a block) and reads them
+    /// for the rows of one scale, the blocks (66 bytes) for the others; `prepare` makes the
+    /// copy and the other tq2 kernels neither hold nor read it. (Built directly: no need for
+    /// the machine to run the kernel to count its bytes.)
+    #[test]
+    fn tq2_code_copy_is_counted_where_read() {
+        use crate::formats::{PackedWeights, Tq2Matrix};
+        let (rows, cols) = (6, 512);
+        let m = Tq2Matrix::random(rows, cols, 0.5, 3).unwrap();
+        let mut blocks = m.blocks().to_vec();
+        blocks[2 * 2 + 1].d = half::f16::from_f32(0.25); // row 2: two scales
+        let mixed = PackedWeights::Tq2(Tq2Matrix::from_blocks(rows, cols, blocks).unwrap());
+        let uniform = PackedWeights::Tq2(m);
+        let fused = Kernel { family: KernelFamily::Tq2, isa: IsaLevel::Avx2, form: KernelForm::Fused };
+        let code_row = cols / 4;
+        let block_row = cols / 256 * 66;
+        assert_eq!(fused.bytes_read(&uniform), rows * code_row);
+        assert_eq!(fused.bytes_read(&mixed), 5 * code_row + block_row);
+        assert_eq!(fused.repack_bytes(&uniform), rows * code_row);
+        assert!(!fused.prepared(&uniform));
+        fused.prepare(&uniform);
+        assert!(fused.prepared(&uniform));
+        for other in [
+            Kernel { form: KernelForm::Split, ..fused },
+            Kernel { isa: IsaLevel::Avx512, ..fused },
+            Kernel { isa: IsaLevel::Scalar, ..fused },
+        ] {
+            assert!(!other.uses_tq2_codes() && other.prepared(&mixed), "{other}");
+            assert_eq!((other.bytes_read(&mixed), other.repack_bytes(&mixed)), (rows * block_row, 0), "{other}");
         }
     }
 

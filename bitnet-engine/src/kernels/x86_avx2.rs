@@ -461,6 +461,11 @@ pub(crate) unsafe fn f16_to_f64(d: half::f16) -> f64 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d.to_bits() as i32))) as f64
 }
 
+/// Bytes of a block of 256 2-bit codes the code tiles read: an I2_S block, or a TQ2_0 block's
+/// codes alone ([`Tq2Matrix::codes`]).
+const CODE_BLOCK_BYTES: usize = I2_BLOCK_BYTES;
+const _: () = assert!(I2_BLOCK_BYTES == crate::formats::tq2::CODE_BYTES);
+
 /// Tokens processed together per pass over a weight row (codes unpacked once for all of them).
 const GROUP: usize = 4;
 
@@ -548,7 +553,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
 ) {
     let batch = x.batch();
     let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr(), r, x, b0);
-    let sums = tile_sums::<R, G, false>(src, I2_BLOCK_BYTES, w.full_blocks(), xs, prefetch);
+    let sums = tile_sums::<R, G, false>(src, w.full_blocks(), xs, prefetch);
     let (full, t) = (w.full_blocks(), w.tail_weights());
     if G == GROUP && t == 0 {
         let (xsums, xscales) = (&x.sums()[b0..b0 + GROUP], &x.scales()[b0..b0 + GROUP]);
@@ -572,7 +577,7 @@ unsafe fn i2_tile<const R: usize, const G: usize>(
 }
 
 /// One token × `tiles` passes over four rows each: the `4 × tiles` rows from `src` on lie
-/// `row_stride` bytes apart, `blocks` I2 (or, with `TQ2`, TQ2_0) blocks each. Calls
+/// `row_stride` bytes apart, `blocks` I2 (or, with `TQ2`, TQ2_0 code) blocks each. Calls
 /// `finish(t, sums)` with the integer sums of pass t's four rows. One loop for the run, so that
 /// between two passes' code loops there is only the reduction and the finish: the per-pass
 /// row checks, pointers and dispatch had cost 6–10% on 1536-wide rows.
@@ -586,12 +591,11 @@ unsafe fn one_token_tiles<const TQ2: bool>(
     mut finish: impl FnMut(usize, __m128i),
 ) {
     debug_assert_eq!(x.batch(), 1);
-    let block_stride = if TQ2 { std::mem::size_of::<BlockTq2_0>() } else { I2_BLOCK_BYTES };
     let xs = [x.token(0).as_ptr() as *const u8];
     for t in 0..tiles {
         let p = src.add(4 * t * row_stride);
         let rows = [p, p.add(row_stride), p.add(2 * row_stride), p.add(3 * row_stride)];
-        let sums = code_tile::<4, 1, TQ2>(rows, block_stride, blocks, xs, true);
+        let sums = code_tile::<4, 1, TQ2>(rows, blocks, xs, true);
         finish(t, load4_i32(sums.as_flattened()));
     }
 }
@@ -615,15 +619,13 @@ unsafe fn store4_f32(v: __m128, out: &mut [f32]) {
 #[inline(always)]
 unsafe fn tile_sums<const R: usize, const G: usize, const TQ2: bool>(
     src: [*const u8; R],
-    stride: usize,
     blocks: usize,
     xs: [*const u8; G],
     prefetch: bool,
 ) -> [[i32; G]; R] {
     if R != 2 || G != GROUP || blocks == 0 {
-        return code_tile::<R, G, TQ2>(src, stride, blocks, xs, prefetch);
+        return code_tile::<R, G, TQ2>(src, blocks, xs, prefetch);
     }
-    debug_assert_eq!(stride, if TQ2 { std::mem::size_of::<BlockTq2_0>() } else { I2_BLOCK_BYTES });
     let mut xs4 = [std::ptr::null(); GROUP];
     xs4.copy_from_slice(&xs[..GROUP]);
     let rs = (src[R - 1] as usize).wrapping_sub(src[0] as usize);
@@ -638,8 +640,8 @@ unsafe fn tile_sums<const R: usize, const G: usize, const TQ2: bool>(
 }
 
 /// Integer dot products of R back-to-back rows × G tokens over `blocks` blocks of 256 2-bit
-/// codes, `stride` bytes apart in each row: an I2 block (64 bytes: byte j of half h holds the
-/// weights 64n + 32h + j at shift 2n) or, with `TQ2`, a TQ2_0 block (66 bytes, codes first:
+/// codes, 64 bytes each: an I2 block (byte j of half h holds the weights 64n + 32h + j at
+/// shift 2n) or, with `TQ2`, a TQ2_0 block's codes without its scale ([`Tq2Matrix::codes`]:
 /// byte m of chunk h holds 128h + 32n + m). Field by field: the R rows' code vectors of field
 /// n, then each token's 32 activations of that field, loaded once for all R rows, into i16
 /// accumulators widened every [`I16_BLOCKS`] blocks. With `prefetch`, the R rows are asked for
@@ -648,7 +650,6 @@ unsafe fn tile_sums<const R: usize, const G: usize, const TQ2: bool>(
 #[inline(always)]
 unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
     src: [*const u8; R],
-    stride: usize,
     blocks: usize,
     xs: [*const u8; G],
     prefetch: bool,
@@ -662,9 +663,9 @@ unsafe fn code_tile<const R: usize, const G: usize, const TQ2: bool>(
         let end = blocks.min(blk + I16_BLOCKS);
         let mut acc16 = [[_mm256_setzero_si256(); G]; R];
         while blk < end {
-            let off = blk * stride;
+            let off = blk * CODE_BLOCK_BYTES;
             if prefetch {
-                for i in 0..R + TQ2 as usize {
+                for i in 0..R {
                     prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
                 }
             }
@@ -918,9 +919,9 @@ unsafe fn code_tile_2x4<const TQ2: bool>(
             )
         };
     }
-    // TQ2_0: chunk j (bytes 32j..) holds the weights 128j + 32n + m at shift 2n; I2_S:
-    // half h (bytes 32h..) holds the weights 64n + 32h + m at shift 2n. Two rows of TQ2_0
-    // blocks span 132 bytes, three lines; of I2 blocks 128 bytes, two.
+    // TQ2_0 codes: chunk j (bytes 32j..) holds the weights 128j + 32n + m at shift 2n; I2_S:
+    // half h (bytes 32h..) holds the weights 64n + 32h + m at shift 2n. Two rows' blocks span
+    // 128 bytes, two lines.
     macro_rules! tq2_chunks {
         () => {
             concat!(chunk_2x4!("0", "0", "32", "64", "96"), chunk_2x4!("32", "128", "160", "192", "224"))
@@ -932,8 +933,8 @@ unsafe fn code_tile_2x4<const TQ2: bool>(
         };
     }
     match (TQ2, prefetch) {
-        (true, false) => run!("66", "", tq2_chunks!()),
-        (true, true) => run_prefetching!("66", prefetch_2x4!("132", "0", "64", "128"), tq2_chunks!()),
+        (true, false) => run!("64", "", tq2_chunks!()),
+        (true, true) => run_prefetching!("64", prefetch_2x4!("128", "0", "64"), tq2_chunks!()),
         (false, false) => run!("64", "", i2_chunks!()),
         (false, true) => run_prefetching!("64", prefetch_2x4!("128", "0", "64"), i2_chunks!()),
     }
@@ -1113,7 +1114,7 @@ unsafe fn repacked_tile<const R: usize, const G: usize>(
     sums: &mut [[i32; GROUP]],
 ) {
     let (src, xs) = tile_pointers::<R, G>(|i| src.add(i * row_bytes), 0, x, b0);
-    let t = tile_sums::<R, G, false>(src, I2_BLOCK_BYTES, n, xs.map(|p| p.add(first * QK_K)), false);
+    let t = tile_sums::<R, G, false>(src, n, xs.map(|p| p.add(first * QK_K)), false);
     for (s, t) in sums.iter_mut().zip(&t) {
         for j in 0..G {
             s[j] = if fresh { t[j] } else { s[j] + t[j] };
@@ -1124,14 +1125,17 @@ unsafe fn repacked_tile<const R: usize, const G: usize>(
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
+    // Uniform rows read the codes without the scales (64-byte blocks, as I2_S): see
+    // `Tq2Matrix::codes`.
+    let codes = w.codes().as_ptr();
+    let row_bytes = w.blocks_per_row() * CODE_BLOCK_BYTES;
     if batch > 1 {
-        let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
         batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
             // Rows with one scale for all their blocks take the integer tiles, as I2; a row
             // with a scale per block takes the f64 kernel.
             if w.row_has_uniform_scale(r) {
                 let left = if left >= 2 && w.row_has_uniform_scale(r + 1) { left } else { 1 };
-                return code_tile_for!(tq2_uniform_tile, g, left, (w, r, x, b0, first, o));
+                return code_tile_for!(tq2_uniform_tile, g, left, (w, codes, r, x, b0, first, o));
             }
             tq2_row_block_scaled(w, r, x, b0, &mut o[b0..b0 + g]);
             1
@@ -1140,7 +1144,6 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     }
     // One token: four uniform rows per pass (as I2), each run of uniform rows in one loop.
     let (xsum, xs) = (_mm_set1_epi32(x.sum(0)), _mm_set1_ps(x.scale(0)));
-    let row_bytes = w.blocks_per_row() * std::mem::size_of::<BlockTq2_0>();
     let mut r = rows.start;
     while r < rows.end {
         let run = if w.all_rows_uniform() {
@@ -1150,7 +1153,7 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
         };
         let tiles = run / 4;
         if tiles > 0 {
-            let (src, d, o) = (w.row(r).as_ptr() as *const u8, &w.row_scales()[r..], &mut out[r - rows.start..]);
+            let (src, d, o) = (codes.add(r * row_bytes), &w.row_scales()[r..], &mut out[r - rows.start..]);
             one_token_tiles::<true>(src, row_bytes, w.blocks_per_row(), x, tiles, |t, sums| {
                 // `finish_blocks`'s operations in its order, four rows at once (so the same bits).
                 let d = _mm256_cvtps_pd(_mm_loadu_ps(d[4 * t..][..4].as_ptr()));
@@ -1163,10 +1166,10 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
         let o = &mut out[r - rows.start..];
         let uniform = |n: usize| r + n <= rows.end && (r..r + n).all(|i| w.row_has_uniform_scale(i));
         let n = if uniform(2) {
-            tq2_uniform_tile::<2, 1>(w, r, x, 0, true, o);
+            tq2_uniform_tile::<2, 1>(w, codes, r, x, 0, true, o);
             2
         } else if uniform(1) {
-            tq2_uniform_tile::<1, 1>(w, r, x, 0, true, o);
+            tq2_uniform_tile::<1, 1>(w, codes, r, x, 0, true, o);
             1
         } else {
             tq2_row_block_scaled(w, r, x, 0, &mut o[..1]);
@@ -1196,10 +1199,12 @@ unsafe fn tq2_row_block_scaled(w: &Tq2Matrix, r: usize, x: &ActivationBatch, b0:
 }
 
 /// Uniform rows `r..r+R` (one scale for all their blocks) × tokens `b0..b0+G` of a TQ2_0
-/// matrix: integer sums ([`code_tile`]), scaled once (exact; see the kernels module docs).
+/// matrix: integer sums over its `codes` ([`code_tile`]), scaled once (exact; see the kernels
+/// module docs).
 #[inline(always)]
 unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     w: &Tq2Matrix,
+    codes: *const u8,
     r: usize,
     x: &ActivationBatch,
     b0: usize,
@@ -1207,8 +1212,9 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
-    let (src, xs) = tile_pointers::<R, G>(|i| w.row(i).as_ptr() as *const u8, r, x, b0);
-    let sums = tile_sums::<R, G, true>(src, std::mem::size_of::<BlockTq2_0>(), w.blocks_per_row(), xs, prefetch);
+    let row_bytes = w.blocks_per_row() * CODE_BLOCK_BYTES;
+    let (src, xs) = tile_pointers::<R, G>(|i| codes.add(i * row_bytes), r, x, b0);
+    let sums = tile_sums::<R, G, true>(src, w.blocks_per_row(), xs, prefetch);
     if G == GROUP {
         let (xsums, xscales) = (&x.sums()[b0..b0 + GROUP], &x.scales()[b0..b0 + GROUP]);
         for i in 0..R {

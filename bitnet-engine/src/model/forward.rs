@@ -163,10 +163,8 @@ impl State {
             planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor),
             lut: kernels().any(|k| k.uses_lut()),
         };
-        if extras.lut {
-            // Made now, in parallel, rather than by the first matmul of each matrix mid-run.
-            model.weights.prepare_lut(opts.threads);
-        }
+        // Repacks made now, in parallel, rather than by the first matmul of each matrix mid-run.
+        model.weights.prepare_repacks(kernel, opts.threads);
         let rows = opts.max_rows;
         let kv = KvCache::new(&cfg, opts.kv_precision, opts.sequences, opts.context)?;
         let pool = WorkerPool::new(opts.threads, opts.pin)?;

@@ -2,7 +2,7 @@
 //! Synthetic weights are generated deterministically from a seed.
 
 use crate::error::{Error, Result};
-use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, WeightFormat};
+use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, WeightFormat};
 use crate::kernels::{Kernel, KernelFamily};
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix64;
@@ -61,24 +61,23 @@ impl Weights {
         self.layers.iter().flat_map(|l| l.linears()).map(|w| w.byte_len()).sum()
     }
 
-    /// Makes the table-lookup repack of every TQ1_0 linear that lacks one, on `threads` threads
-    /// (a matrix at a time each), for the `lut` form of the tq1 kernels.
-    pub fn prepare_lut(&self, threads: usize) {
-        let todo: Vec<&Tq1Matrix> = self
+    /// Makes what the kernels `forced` (or the best for each format) read beside the linear
+    /// weights and lack ([`Kernel::prepare`]: TQ1_0's table-lookup repack, TQ2_0's code copy),
+    /// on `threads` threads (a matrix at a time each), so that no matmul makes it mid-run.
+    pub fn prepare_repacks(&self, forced: Option<Kernel>, threads: usize) {
+        let todo: Vec<(Kernel, &PackedWeights)> = self
             .layers
             .iter()
             .flat_map(|l| l.linears())
-            .filter_map(|w| match w {
-                PackedWeights::Tq1(m) if !m.lut_made() => Some(m),
-                _ => None,
-            })
+            .map(|w| (Kernel::for_weights(forced, w), w))
+            .filter(|(k, w)| !k.prepared(w))
             .collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..threads.max(1).min(todo.len()) {
                 s.spawn(|| {
-                    while let Some(m) = todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        m.lut();
+                    while let Some((k, w)) = todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        k.prepare(w);
                     }
                 });
             }
@@ -120,15 +119,11 @@ impl Weights {
         }
     }
 
-    /// Bytes of memory the kernels `forced` (or the best for each format) add to the weights:
-    /// the table-lookup repacks of TQ1_0 linears (made or not yet).
+    /// Bytes of memory the kernels `forced` (or the best for each format) add to the weights
+    /// ([`Kernel::repack_bytes`]: TQ1_0's table-lookup repacks, TQ2_0's code copies; made or
+    /// not yet).
     pub fn repack_bytes(&self, forced: Option<Kernel>) -> usize {
-        self.layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .filter(|w| Kernel::for_weights(forced, w).uses_lut())
-            .map(|w| crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()))
-            .sum()
+        self.layers.iter().flat_map(|l| l.linears()).map(|w| Kernel::for_weights(forced, w).repack_bytes(w)).sum()
     }
 
     /// Bytes a decode step reads: every linear weight, the LM head and the norms (the
