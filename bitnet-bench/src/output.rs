@@ -170,11 +170,16 @@ pub fn table(r: &Report) -> String {
 /// The terminal table under `headers` (one line per report shown, see [`side_by_side`]).
 pub fn table_with(headers: &[String], r: &Report) -> String {
     let rows: Vec<_> = r.results.iter().map(row).collect();
-    format!("{}\n\n{}\n{LEGEND}", headers.join("\n"), aligned(&rows, " | ", true))
+    format!("{}\n\n{}\n{}", headers.join("\n"), aligned(&rows, " | ", true), legend())
 }
 
 /// What the columns are, under the terminal and Markdown tables.
-const LEGEND: &str = "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than 100 steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a 128 MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV.";
+fn legend() -> String {
+    format!(
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV.",
+        crate::sweep::ROOFLINE_PROBE_BYTES >> 20
+    )
+}
 
 /// Markdown for PR comments: a summary line, then the table.
 pub fn markdown(r: &Report) -> String {
@@ -190,7 +195,7 @@ pub fn markdown_with(title: &str, headers: &[String], r: &Report) -> String {
         let _ = writeln!(o, "{h}\n");
     }
     o.push_str(&aligned(&rows, " | ", true));
-    let _ = writeln!(o, "\n{LEGEND}");
+    let _ = writeln!(o, "\n{}", legend());
     o
 }
 
