@@ -224,6 +224,22 @@ impl<T: Pod> PageVec<T> {
         v
     }
 
+    /// The values whose in-memory bytes are `bytes` (a whole number of `T`s; `None`
+    /// otherwise), copied straight into the buffer: for file data already laid out as `T`s in
+    /// this host's byte order, without building a `Vec<T>` first (which a large tensor pays
+    /// for twice: its pages, then the copy).
+    pub fn from_raw_bytes(bytes: &[u8]) -> Option<Self> {
+        let size = std::mem::size_of::<T>();
+        if size == 0 || !bytes.len().is_multiple_of(size) {
+            return None;
+        }
+        let mut v = Self::zeroed(bytes.len() / size);
+        // SAFETY: the storage holds len × size = bytes.len() bytes, a new allocation that
+        // cannot overlap `bytes`, and every bit pattern is a valid T (`Pod`).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.storage.mut_ptr(), bytes.len()) };
+        Some(v)
+    }
+
     /// Whether the buffer lives in memory advised for huge pages, its own mapping or a shared
     /// region (whether the kernel granted huge pages is its business: see `AnonHugePages` in
     /// /proc/meminfo).
@@ -333,6 +349,17 @@ mod tests {
                 assert_eq!(b.as_i8()[len - 1], -1);
             }
         }
+    }
+
+    #[test]
+    fn raw_bytes_become_values_in_host_order() {
+        let values: Vec<u64> = (0..HUGE_PAGE_MIN as u64 / 8 + 5).map(|i| i * 0x0101_0101 + 7).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let v = PageVec::<u64>::from_raw_bytes(&bytes).unwrap();
+        assert!(v.is_mapped());
+        assert_eq!(&v[..], &values[..]);
+        assert!(PageVec::<u64>::from_raw_bytes(&bytes[..bytes.len() - 1]).is_none());
+        assert!(PageVec::<u64>::from_raw_bytes(&[]).unwrap().is_empty());
     }
 
     #[test]

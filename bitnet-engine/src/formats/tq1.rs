@@ -110,6 +110,10 @@ impl Tq1Matrix {
     }
 
     pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<BlockTq1_0>) -> Result<Self> {
+        Self::from_page_vec(rows, cols, PageVec::from_slice(&blocks))
+    }
+
+    fn from_page_vec(rows: usize, cols: usize, blocks: PageVec<BlockTq1_0>) -> Result<Self> {
         check_qk("TQ1_0", rows, cols)?;
         if blocks.len() != rows * cols / QK_K {
             return Err(Error::Shape(format!(
@@ -120,7 +124,7 @@ impl Tq1Matrix {
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let digit_sums = row_digit_sums(&blocks, cols / QK_K);
-        Ok(Self { rows, cols, blocks: PageVec::from_slice(&blocks), uniform, digit_sums, lut: LutCache::default() })
+        Ok(Self { rows, cols, blocks, uniform, digit_sums, lut: LutCache::default() })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -129,6 +133,11 @@ impl Tq1Matrix {
         let need = rows * cols / QK_K * 54;
         if bytes.len() != need {
             return Err(Error::Shape(format!("TQ1_0 {rows}×{cols} needs {need} bytes, got {}", bytes.len())));
+        }
+        // Copied straight into place, as TQ2_0's (see `Tq2Matrix::from_bytes`).
+        if cfg!(target_endian = "little") {
+            let blocks = PageVec::from_raw_bytes(bytes).expect("a whole number of 54-byte blocks");
+            return Self::from_page_vec(rows, cols, blocks);
         }
         let blocks = bytes
             .chunks_exact(54)

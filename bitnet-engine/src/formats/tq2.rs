@@ -127,6 +127,10 @@ impl Tq2Matrix {
 
     /// Wraps blocks read from a file (e.g. a GGUF tensor).
     pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<BlockTq2_0>) -> Result<Self> {
+        Self::from_page_vec(rows, cols, PageVec::from_slice(&blocks))
+    }
+
+    fn from_page_vec(rows: usize, cols: usize, blocks: PageVec<BlockTq2_0>) -> Result<Self> {
         check_qk("TQ2_0", rows, cols)?;
         if blocks.len() != rows * cols / QK_K {
             return Err(Error::Shape(format!(
@@ -135,23 +139,14 @@ impl Tq2Matrix {
                 blocks.len()
             )));
         }
-        if let Some(i) = blocks.iter().position(|b| b.qs.iter().any(|q| (0..4).any(|n| (q >> (2 * n)) & 3 == 3))) {
+        if let Some(i) = blocks.iter().position(holds_code_three) {
             return Err(Error::Value(format!("TQ2_0 block {i} holds code 3, which is not a ternary code")));
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let row_scale = blocks.chunks(cols / QK_K).map(|row| row[0].d.to_f32()).collect();
         let uniform_count = uniform.iter().filter(|&&u| u).count();
         let all_uniform = uniform_count == rows;
-        Ok(Self {
-            rows,
-            cols,
-            blocks: PageVec::from_slice(&blocks),
-            uniform,
-            row_scale,
-            all_uniform,
-            uniform_count,
-            codes: CodesCache::default(),
-        })
+        Ok(Self { rows, cols, blocks, uniform, row_scale, all_uniform, uniform_count, codes: CodesCache::default() })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
@@ -253,6 +248,12 @@ impl Tq2Matrix {
         if bytes.len() != need {
             return Err(Error::Shape(format!("TQ2_0 {rows}×{cols} needs {need} bytes, got {}", bytes.len())));
         }
+        // The file's bytes are `BlockTq2_0`s as this (little-endian) host lays them out: copied
+        // straight into place, a 2B4T load's largest cost when built as a Vec and copied again.
+        if cfg!(target_endian = "little") {
+            let blocks = PageVec::from_raw_bytes(bytes).expect("a whole number of 66-byte blocks");
+            return Self::from_page_vec(rows, cols, blocks);
+        }
         let blocks = bytes
             .chunks_exact(66)
             .map(|c| BlockTq2_0 {
@@ -262,6 +263,14 @@ impl Tq2Matrix {
             .collect();
         Self::from_blocks(rows, cols, blocks)
     }
+}
+
+/// Whether any of a block's 2-bit codes is 3 (both bits of a field set), eight bytes at a time.
+fn holds_code_three(b: &BlockTq2_0) -> bool {
+    b.qs.chunks_exact(8).any(|c| {
+        let w = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
+        w & (w >> 1) & 0x5555_5555_5555_5555 != 0
+    })
 }
 
 fn pack_block(src: &[i8], d: f16) -> BlockTq2_0 {
@@ -327,5 +336,21 @@ mod tests {
         let mut b = BlockTq2_0 { qs: [0x55; 64], d: f16::ONE };
         b.qs[10] = 0xFF;
         assert!(matches!(Tq2Matrix::from_blocks(1, 256, vec![b]), Err(Error::Value(s)) if s.contains("block 0")));
+        // Every field of every byte, against the plain test, and from file bytes too.
+        let plain = |b: &BlockTq2_0| b.qs.iter().any(|q| (0..4).any(|n| (q >> (2 * n)) & 3 == 3));
+        for byte in 0..64 {
+            for q in 0..=255u8 {
+                let mut b = BlockTq2_0 { qs: [0x26; 64], d: f16::ONE };
+                b.qs[byte] = q;
+                assert_eq!(holds_code_three(&b), plain(&b), "byte {byte} = {q:#x}");
+            }
+        }
+        let ok = BlockTq2_0 { qs: [0x26; 64], d: f16::ONE };
+        let mut bytes = Vec::new();
+        for blk in [ok, ok, ok, b] {
+            bytes.extend_from_slice(&blk.qs);
+            bytes.extend_from_slice(&blk.d.to_bits().to_le_bytes());
+        }
+        assert!(matches!(Tq2Matrix::from_bytes(2, 512, &bytes), Err(Error::Value(s)) if s.contains("block 3")));
     }
 }
