@@ -28,7 +28,9 @@ fn kernels(c: &mut Criterion) {
                 } else {
                     group.sample_size(20).measurement_time(Duration::from_millis(1500));
                 }
-                group.throughput(Throughput::BytesDecimal(w.byte_len() as u64));
+                // Made before timing: what the kernel reads beside the weights, counted as read.
+                kernel.prepare(&w);
+                group.throughput(Throughput::BytesDecimal(kernel.bytes_read(&w) as u64));
                 group.bench_function(BenchmarkId::from_parameter(kernel.name().replace('/', "_")), |bench| {
                     bench.iter(|| kernel.matmul(&w, &x, 0..n, &mut out, &mut scratch).expect("matching shapes"))
                 });

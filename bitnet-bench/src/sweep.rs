@@ -638,9 +638,10 @@ impl Runner for EngineRunner {
         // Encoded caches: each thread decodes a head's keys and values for prompt attention.
         let prompt =
             if c.kv.is_encoded() { c.threads * 2 * (c.context_length + max_new) * cfg.head_dim() * 4 } else { 0 };
-        // The `lut` form of tq1 keeps a repack of the linear weights beside them, and each
-        // activation buffer one table per group of three columns for up to LUT_MAX_BATCH rows
-        // (larger batches run the fused form, without tables).
+        // The `lut` form of tq1 keeps a repack of the linear weights beside them (the AVX2 tq2
+        // kernel a copy of their codes), and with `lut` each activation buffer one table per
+        // group of three columns for up to LUT_MAX_BATCH rows (larger batches run the fused
+        // form, without tables).
         let repack = self.model.weights.repack_bytes(Some(c.kernel));
         let table_rows = rows.min(LUT_MAX_BATCH);
         let tables =

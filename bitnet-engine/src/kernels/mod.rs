@@ -436,8 +436,8 @@ impl Kernel {
     }
 
     /// Whether this kernel reads TQ2_0 weights through their codes without scales
-    /// ([`Tq2Matrix::codes`](crate::formats::Tq2Matrix::codes)): the fused AVX2 kernel, at
-    /// every batch size.
+    /// ([`Tq2Matrix::codes`](crate::formats::Tq2Matrix::codes)) where a matrix has rows of one
+    /// scale: the fused AVX2 kernel, at every batch size.
     pub fn uses_tq2_codes(&self) -> bool {
         self.family == KernelFamily::Tq2 && self.isa == IsaLevel::Avx2 && self.form == KernelForm::Fused
     }
@@ -449,7 +449,7 @@ impl Kernel {
             PackedWeights::Tq1(m) if self.uses_lut() => {
                 m.lut();
             }
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() => {
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => {
                 m.codes();
             }
             _ => {}
@@ -460,7 +460,7 @@ impl Kernel {
     pub fn prepared(&self, w: &PackedWeights) -> bool {
         match w {
             PackedWeights::Tq1(m) if self.uses_lut() => m.lut_made(),
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_made(),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => m.codes_made(),
             _ => true,
         }
     }
@@ -470,7 +470,7 @@ impl Kernel {
     pub fn repack_bytes(&self, w: &PackedWeights) -> usize {
         match w {
             PackedWeights::Tq1(_) if self.uses_lut() => crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()),
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_byte_len(),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => m.codes_byte_len(),
             _ => 0,
         }
     }
@@ -1559,6 +1559,7 @@ mod tests {
         use crate::formats::{PackedWeights, Tq2Matrix};
         let (rows, cols) = (6, 512);
         let m = Tq2Matrix::random(rows, cols, 0.5, 3).unwrap();
+        let uniform_blocks = m.blocks().to_vec();
         let mut blocks = m.blocks().to_vec();
         blocks[2 * 2 + 1].d = half::f16::from_f32(0.25); // row 2: two scales
         let mixed = PackedWeights::Tq2(Tq2Matrix::from_blocks(rows, cols, blocks).unwrap());
@@ -1577,9 +1578,21 @@ mod tests {
             Kernel { isa: IsaLevel::Avx512, ..fused },
             Kernel { isa: IsaLevel::Scalar, ..fused },
         ] {
-            assert!(!other.uses_tq2_codes() && other.prepared(&mixed), "{other}");
+            other.prepare(&mixed);
+            let PackedWeights::Tq2(m) = &mixed else { unreachable!() };
+            assert!(!other.uses_tq2_codes() && !m.codes_made(), "{other}");
             assert_eq!((other.bytes_read(&mixed), other.repack_bytes(&mixed)), (rows * block_row, 0), "{other}");
         }
+        // No row of one scale: nothing to copy, the blocks read.
+        let mut blocks = uniform_blocks;
+        for b in blocks.iter_mut().step_by(2) {
+            b.d = half::f16::from_f32(0.25);
+        }
+        let none = PackedWeights::Tq2(Tq2Matrix::from_blocks(rows, cols, blocks).unwrap());
+        fused.prepare(&none);
+        let PackedWeights::Tq2(m) = &none else { unreachable!() };
+        assert!(fused.prepared(&none) && !m.codes_made());
+        assert_eq!((fused.bytes_read(&none), fused.repack_bytes(&none)), (rows * block_row, 0));
     }
 
     /// The AVX2 tile transpose equals the plain loops on every shape class: whole tiles, row

@@ -351,9 +351,10 @@ impl PrefetchShares {
     }
 }
 
-/// [`prefetch_stream`] for a block of `len` ≤ 64 bytes that may straddle two cache lines
-/// (TQ2_0's 66-byte blocks, TQ1_0's 54): prefetching by block start alone skips one line in
-/// every 33 for 66-byte blocks, and each skipped line is a full DRAM miss in the stream.
+/// [`prefetch_stream`] for a block of `len` ≤ 128 bytes that may straddle two cache lines
+/// (TQ2_0's 66-byte blocks where a row has several scales, TQ1_0's 54): prefetching by block
+/// start alone skips one line in every 33 for 66-byte blocks, and each skipped line is a full
+/// DRAM miss in the stream.
 #[inline(always)]
 pub(crate) unsafe fn prefetch_stream_span(p: *const u8, len: usize) {
     prefetch_stream(p);
@@ -1125,9 +1126,9 @@ unsafe fn repacked_tile<const R: usize, const G: usize>(
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
-    // Uniform rows read the codes without the scales (64-byte blocks, as I2_S): see
-    // `Tq2Matrix::codes`.
-    let codes = w.codes().as_ptr();
+    // Uniform rows read the codes without the scales (64-byte blocks, as I2_S: see
+    // `Tq2Matrix::codes`) and their one scale from `row_scales`, never the blocks.
+    let codes = if w.uniform_row_count() > 0 { w.codes().as_ptr() } else { std::ptr::null() };
     let row_bytes = w.blocks_per_row() * CODE_BLOCK_BYTES;
     if batch > 1 {
         batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
@@ -1218,7 +1219,7 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
     if G == GROUP {
         let (xsums, xscales) = (&x.sums()[b0..b0 + GROUP], &x.scales()[b0..b0 + GROUP]);
         for i in 0..R {
-            let d = _mm256_set1_pd(f16_to_f64(w.row(r + i)[0].d));
+            let d = _mm256_set1_pd(w.row_scales()[r + i] as f64);
             let v = _mm256_cvtepi32_pd(_mm_sub_epi32(load4_i32(&sums[i]), load4_i32(xsums)));
             let v = _mm_mul_ps(_mm256_cvtpd_ps(_mm256_mul_pd(v, d)), _mm_loadu_ps(xscales.as_ptr()));
             store4_f32(v, &mut out[i * batch + b0..][..GROUP]);
@@ -1226,7 +1227,7 @@ unsafe fn tq2_uniform_tile<const R: usize, const G: usize>(
         return;
     }
     for i in 0..R {
-        let d = f16_to_f64(w.row(r + i)[0].d);
+        let d = w.row_scales()[r + i] as f64;
         for g in 0..G {
             let b = b0 + g;
             out[i * batch + b] = finish_blocks(d * (sums[i][g] - x.sum(b)) as f64, x.scale(b));

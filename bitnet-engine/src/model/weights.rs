@@ -63,7 +63,10 @@ impl Weights {
 
     /// Makes what the kernels `forced` (or the best for each format) read beside the linear
     /// weights and lack ([`Kernel::prepare`]: TQ1_0's table-lookup repack, TQ2_0's code copy),
-    /// on `threads` threads (a matrix at a time each), so that no matmul makes it mid-run.
+    /// on `threads` threads, so that no matmul makes it mid-run. Each thread takes a run of
+    /// consecutive matrices: a thread carves its buffers from its own region (`aligned`), so
+    /// handing out matrices one at a time would interleave a layer's repacks between regions
+    /// instead of laying them back to back in the order decode reads them.
     pub fn prepare_repacks(&self, forced: Option<Kernel>, threads: usize) {
         let todo: Vec<(Kernel, &PackedWeights)> = self
             .layers
@@ -72,14 +75,10 @@ impl Weights {
             .map(|w| (Kernel::for_weights(forced, w), w))
             .filter(|(k, w)| !k.prepared(w))
             .collect();
-        let next = std::sync::atomic::AtomicUsize::new(0);
+        let run = todo.len().div_ceil(threads.max(1)).max(1);
         std::thread::scope(|s| {
-            for _ in 0..threads.max(1).min(todo.len()) {
-                s.spawn(|| {
-                    while let Some((k, w)) = todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        k.prepare(w);
-                    }
-                });
+            for part in todo.chunks(run) {
+                s.spawn(move || part.iter().for_each(|(k, w)| k.prepare(w)));
             }
         });
     }
