@@ -152,7 +152,7 @@ impl Tq1LutMatrix {
         let mut data = PageVec::<u8>::zeroed(tiles * spans * LUT_SPAN_BYTES);
         let mut negated = vec![0i32; rows];
         // A row decoded at a time (zero beyond K), then encoded a group at a time, then each
-        // span's ten bytes of the row written whole: a 2B4T TQ1 GGUF loads in 1.4 s with two
+        // span's ten bytes of the row written whole: a 2B4T TQ1 GGUF loads in 1.2–1.4 s with two
         // threads, where or-ing each group's nibble and sign bit into the span had taken 3.1–3.4.
         let groups = lut_groups(cols);
         let mut row = vec![0i8; 3 * groups];
@@ -160,9 +160,10 @@ impl Tq1LutMatrix {
         let mut signs = vec![0u8; groups];
         for r in 0..rows {
             m.decode_row(r, &mut row[..cols]);
-            for (g, t) in row.chunks_exact(3).enumerate() {
-                let (p, neg) = lut_encode([t[0], t[1], t[2]]);
-                (codes[g], signs[g]) = (p, neg as u8);
+            // `lut_encode` in i8 lanes (|t₀ + 3t₁ + 9t₂| ≤ 13), in a form LLVM vectorizes.
+            for ((c, n), t) in codes.iter_mut().zip(signs.iter_mut()).zip(row.chunks_exact(3)) {
+                let v = t[0] + 3 * t[1] + 9 * t[2];
+                (*c, *n) = (v.unsigned_abs(), (v < 0) as u8);
             }
             negated[r] = signs.iter().map(|&n| n as i32).sum();
             let (tile, j) = (r / LUT_TILE_ROWS, r % LUT_TILE_ROWS);
