@@ -68,17 +68,7 @@ pub struct Tq1Matrix {
     /// that multiply digits by activations offset to unsigned bytes and take the offset back.
     digit_sums: Vec<i32>,
     /// The table-lookup repack, made on first use (see [`Tq1Matrix::lut`]).
-    lut: LutCache,
-}
-
-/// A lazily made [`Tq1LutMatrix`]: a cache, so not part of a matrix's equality.
-#[derive(Debug, Clone, Default)]
-struct LutCache(std::sync::OnceLock<Option<Tq1LutMatrix>>);
-
-impl PartialEq for LutCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
+    lut: super::Cache<Option<Tq1LutMatrix>>,
 }
 
 impl Tq1Matrix {
@@ -124,7 +114,7 @@ impl Tq1Matrix {
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let digit_sums = row_digit_sums(&blocks, cols / QK_K);
-        Ok(Self { rows, cols, blocks, uniform, digit_sums, lut: LutCache::default() })
+        Ok(Self { rows, cols, blocks, uniform, digit_sums, lut: Default::default() })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).

@@ -78,17 +78,7 @@ pub struct Tq2Matrix {
     /// How many rows are uniform.
     uniform_count: usize,
     /// The blocks' code bytes alone, 64 per block (see [`Tq2Matrix::codes`]), made on first use.
-    codes: CodesCache,
-}
-
-/// A lazily made copy of a matrix's codes: a cache, so not part of a matrix's equality.
-#[derive(Debug, Clone, Default)]
-struct CodesCache(std::sync::OnceLock<PageVec<u8>>);
-
-impl PartialEq for CodesCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
+    codes: super::Cache<PageVec<u8>>,
 }
 
 /// Per row: do all of its blocks carry bit-identical scales? (Shared with TQ1_0.)
@@ -146,7 +136,7 @@ impl Tq2Matrix {
         let row_scale = blocks.chunks(cols / QK_K).map(|row| row[0].d.to_f32()).collect();
         let uniform_count = uniform.iter().filter(|&&u| u).count();
         let all_uniform = uniform_count == rows;
-        Ok(Self { rows, cols, blocks, uniform, row_scale, all_uniform, uniform_count, codes: CodesCache::default() })
+        Ok(Self { rows, cols, blocks, uniform, row_scale, all_uniform, uniform_count, codes: Default::default() })
     }
 
     /// The ternary values and the largest block scale (exact when all non-zero blocks share it).
