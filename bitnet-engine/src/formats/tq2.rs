@@ -201,8 +201,9 @@ impl Tq2Matrix {
     /// the stream is 3% longer.
     /// Rows of one scale ([`Self::row_has_uniform_scale`]) need nothing else; the AVX2 kernel
     /// reads these instead of the blocks. Zen 3, decode of the TQ2_0 GGUFs, old and new
-    /// binaries alternating: 2B4T on 2 threads +4%, large on 1 thread +5% (tok/s per byte
-    /// read); one-token kernels 5–12% behind I2_S's in the same run before, 4–9% after.
+    /// binaries alternating: 2B4T on 2 threads +4%, large on 1 thread +5% (median tok/s);
+    /// one-token kernels on the large shapes 5–12% behind I2_S's in the same run before, 4–9%
+    /// after (on 2B4T's, level).
     pub fn codes(&self) -> &[u8] {
         self.codes.0.get_or_init(|| {
             let mut codes = PageVec::<u8>::zeroed(self.blocks.len() * CODE_BYTES);
