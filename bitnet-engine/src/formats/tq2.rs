@@ -78,7 +78,7 @@ pub struct Tq2Matrix {
     /// How many rows are uniform.
     uniform_count: usize,
     /// The blocks' code bytes alone, 64 per block (see [`Tq2Matrix::codes`]), made on first use.
-    codes: super::Cache<PageVec<u8>>,
+    codes: super::Cache<Option<PageVec<u8>>>,
 }
 
 /// Per row: do all of its blocks carry bit-identical scales? (Shared with TQ1_0.)
@@ -203,25 +203,32 @@ impl Tq2Matrix {
     /// reads these instead of the blocks. Zen 3, decode of the TQ2_0 GGUFs, old and new
     /// binaries alternating: 2B4T on 2 threads +4%, large on 1 thread +5% (median tok/s);
     /// one-token kernels on the large shapes 5–12% behind I2_S's in the same run before, 4–9%
-    /// after (on 2B4T's, level).
-    pub fn codes(&self) -> &[u8] {
-        self.codes.0.get_or_init(|| {
-            let mut codes = PageVec::<u8>::zeroed(self.blocks.len() * CODE_BYTES);
-            for (dst, b) in codes.chunks_exact_mut(CODE_BYTES).zip(self.blocks.iter()) {
-                dst.copy_from_slice(&b.qs);
-            }
-            codes
-        })
+    /// after (on 2B4T's, level). `None` when no row has one scale: nothing would read it.
+    pub fn codes(&self) -> Option<&[u8]> {
+        let made = self.codes.0.get_or_init(|| {
+            (self.uniform_count > 0).then(|| {
+                let mut codes = PageVec::<u8>::zeroed(self.blocks.len() * CODE_BYTES);
+                for (dst, b) in codes.chunks_exact_mut(CODE_BYTES).zip(self.blocks.iter()) {
+                    dst.copy_from_slice(&b.qs);
+                }
+                codes
+            })
+        });
+        made.as_deref()
     }
 
-    /// Whether [`Self::codes`] has been made already.
+    /// Whether [`Self::codes`] has been made (or found needless) already.
     pub fn codes_made(&self) -> bool {
         self.codes.0.get().is_some()
     }
 
-    /// Bytes of [`Self::codes`] (made or not).
+    /// Bytes of [`Self::codes`] (made or not; 0 where it is `None`).
     pub fn codes_byte_len(&self) -> usize {
-        self.blocks.len() * CODE_BYTES
+        if self.uniform_count > 0 {
+            self.blocks.len() * CODE_BYTES
+        } else {
+            0
+        }
     }
     /// The blocks' bytes exactly as they sit in a GGUF file.
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -311,7 +318,7 @@ mod tests {
         let m = TernaryMatrix::random(3, 512, 0.25, 7);
         let p = Tq2Matrix::pack(&m).unwrap();
         assert!(!p.codes_made());
-        let codes = p.codes();
+        let codes = p.codes().unwrap();
         assert!(p.codes_made());
         assert_eq!(codes.len(), p.codes_byte_len());
         assert_eq!(codes.len(), 3 * 2 * 64);

@@ -449,7 +449,7 @@ impl Kernel {
             PackedWeights::Tq1(m) if self.uses_lut() => {
                 m.lut();
             }
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => {
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => {
                 m.codes();
             }
             _ => {}
@@ -460,7 +460,7 @@ impl Kernel {
     pub fn prepared(&self, w: &PackedWeights) -> bool {
         match w {
             PackedWeights::Tq1(m) if self.uses_lut() => m.lut_made(),
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => m.codes_made(),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_made(),
             _ => true,
         }
     }
@@ -470,7 +470,7 @@ impl Kernel {
     pub fn repack_bytes(&self, w: &PackedWeights) -> usize {
         match w {
             PackedWeights::Tq1(_) if self.uses_lut() => crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()),
-            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.uniform_row_count() > 0 => m.codes_byte_len(),
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_byte_len(),
             _ => 0,
         }
     }
@@ -1591,7 +1591,7 @@ mod tests {
         let none = PackedWeights::Tq2(Tq2Matrix::from_blocks(rows, cols, blocks).unwrap());
         fused.prepare(&none);
         let PackedWeights::Tq2(m) = &none else { unreachable!() };
-        assert!(fused.prepared(&none) && !m.codes_made());
+        assert!(fused.prepared(&none) && m.codes().is_none());
         assert_eq!((fused.bytes_read(&none), fused.repack_bytes(&none)), (rows * block_row, 0));
     }
 

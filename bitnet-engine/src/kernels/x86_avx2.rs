@@ -1128,7 +1128,7 @@ unsafe fn tq2_fused(w: &Tq2Matrix, x: &ActivationBatch, rows: Range<usize>, out:
     let batch = x.batch();
     // Uniform rows read the codes without the scales (64-byte blocks, as I2_S: see
     // `Tq2Matrix::codes`) and their one scale from `row_scales`, never the blocks.
-    let codes = if w.uniform_row_count() > 0 { w.codes().as_ptr() } else { std::ptr::null() };
+    let codes = w.codes().map_or(std::ptr::null(), |c| c.as_ptr());
     let row_bytes = w.blocks_per_row() * CODE_BLOCK_BYTES;
     if batch > 1 {
         batched_tiles::<TILE_ROWS, GROUP>(rows, row_bytes, batch, out, |r, left, b0, g, first, o| {
