@@ -171,12 +171,13 @@ fn int8_rows_equal_plain_loops() {
 /// here from the block definition, bit for bit: per block Σⱼ scaleⱼ · Σ (q − 32)·x in i32, times
 /// d in f64, blocks in order, then the token's scale. Random blocks, and blocks at the extremes
 /// (every code 63 or 0, scales −128 and 127) against activations −128 and 127; one token and
-/// batches; odd row ranges.
+/// batches; odd row ranges; rows of 1, 2, 10 and 17 blocks (the one-token kernel reduces its
+/// sums 16 blocks at a time).
 #[test]
 fn q6k_rows_equal_plain_loops() {
     use bitnet_engine::formats::{Q6kRows, Q6K_BLOCK_BYTES};
     use bitnet_engine::kernels::q6k_rows_matmul;
-    for k in [256usize, 512, 2560] {
+    for k in [256usize, 512, 2560, 17 * 256] {
         let n = 21;
         let random = Q6kRows::random(n, k, 0.05, k as u64).unwrap();
         let mut bytes = random.as_bytes().to_vec();

@@ -750,7 +750,7 @@ macro_rules! split_2x4 {
     () => {
         "vpand {c0}, {r0}, {m}\nvpand {c1}, {r1}, {m}\n"
     };
-    ($shift:literal) => {
+    ($shift:tt) => {
         concat!(
             "vpsrlw {c0}, {r0}, ",
             $shift,
@@ -2258,13 +2258,15 @@ pub(crate) fn q6k_rows(
 unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
     if batch == 1 {
-        // One token: two rows per pass, each activation vector loaded once for both and their
-        // block sums reduced and scaled together.
+        // One token: two rows per pass (`q6k_pair`), with the blocks' sums and scales of the
+        // pass kept here, made once per call.
         let mut r = rows.start;
+        let mut isums = [_mm256_setzero_si256(); 2 * Q6K_PAIR_BLOCKS + 2];
+        let mut dbuf = [0u16; 2 * Q6K_PAIR_BLOCKS + 2];
         while r < rows.end {
             let o = &mut out[r - rows.start..];
             if r + 2 <= rows.end {
-                q6k_pair(m, r, x, o);
+                q6k_pair(m, r, x, &mut isums, &mut dbuf, o);
                 r += 2;
             } else {
                 q6k_tile::<1>(m, r, x, 0, o);
@@ -2327,57 +2329,241 @@ unsafe fn q6k_chunk_codes(p: *const u8, h: usize, n: usize) -> __m256i {
     _mm256_or_si256(low, _mm256_and_si256(high, high2))
 }
 
+/// Assembly of one Q6_K chunk (32 weights) of both rows of [`q6k_pair`]: the codes (low bits
+/// from `ql` at byte `$ql` of the block, shifted down by 4 when `$shift_low` is "4"; chunk
+/// `$n`'s high bits from the half's `qh`), × the token's activations at `[x + $x]`
+/// (`vpmaddubsw`), × the chunk's two sub-block scales (`vpmaddwd` with `vpshufb` pattern
+/// `[pick + $pick]` of the half's scales), subtracted from each row's i32 sums.
+macro_rules! q6k_chunk_pair {
+    ($ql:literal, $shift_low:tt, $n:tt, $x:literal, $pick:literal) => {
+        concat!(
+            q6k_low!($shift_low, "{c0}", "{p0}", $ql),
+            q6k_low!($shift_low, "{c1}", "{p0} + {rs}", $ql),
+            q6k_high!("{t0}", "{q0}", $n),
+            q6k_high!("{t1}", "{q1}", $n),
+            "vpor {c0}, {c0}, {t0}\n",
+            "vpor {c1}, {c1}, {t1}\n",
+            "vpmaddubsw {c0}, {c0}, ymmword ptr [{x} + ",
+            $x,
+            "]\n",
+            "vpmaddubsw {c1}, {c1}, ymmword ptr [{x} + ",
+            $x,
+            "]\n",
+            "vpshufb {t0}, {h0}, ymmword ptr [{pick} + ",
+            $pick,
+            "]\n",
+            "vpshufb {t1}, {h1}, ymmword ptr [{pick} + ",
+            $pick,
+            "]\n",
+            "vpmaddwd {c0}, {c0}, {t0}\n",
+            "vpmaddwd {c1}, {c1}, {t1}\n",
+            "vpsubd {i0}, {i0}, {c0}\n",
+            "vpsubd {i1}, {i1}, {c1}\n",
+        )
+    };
+}
+
+/// Assembly of a chunk's low nibbles into `$dst`: `ql & 0x0F`, or `(ql >> 4) & 0x0F` when
+/// `$shift` is "4" (AVX2 shifts take no memory operand, hence the load).
+macro_rules! q6k_low {
+    ("0", $dst:literal, $p:literal, $off:literal) => {
+        concat!("vpand ", $dst, ", {m4}, ymmword ptr [", $p, " + ", $off, "]\n")
+    };
+    ("4", $dst:literal, $p:literal, $off:literal) => {
+        concat!(
+            "vmovdqu ",
+            $dst,
+            ", ymmword ptr [",
+            $p,
+            " + ",
+            $off,
+            "]\n",
+            "vpsrlw ",
+            $dst,
+            ", ",
+            $dst,
+            ", 4\n",
+            "vpand ",
+            $dst,
+            ", ",
+            $dst,
+            ", {m4}\n"
+        )
+    };
+}
+
+/// Assembly of chunk n's two high bits, moved from bits 2n, 2n + 1 of `qh` to bits 4–5 of
+/// `$t` (16-bit shifts carry bits across bytes only into positions the mask clears).
+macro_rules! q6k_high {
+    ($t:literal, $qh:literal, 0) => {
+        concat!("vpsllw ", $t, ", ", $qh, ", 4\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    };
+    ($t:literal, $qh:literal, 1) => {
+        concat!("vpsllw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    };
+    ($t:literal, $qh:literal, 2) => {
+        concat!("vpand ", $t, ", ", $qh, ", {m30}\n")
+    };
+    ($t:literal, $qh:literal, 3) => {
+        concat!("vpsrlw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    };
+}
+
+/// Assembly of half h of a block of both rows: the half's eight scales (i16, in both 128-bit
+/// lanes, from the block's scales stored at `tmp`), its `qh` (bytes `$qh`), then its four
+/// chunks.
+macro_rules! q6k_half_pair {
+    ($h:literal, $ql_a:literal, $ql_b:literal, $qh:literal, $sc0:literal, $sc1:literal, $x0:literal, $x1:literal, $x2:literal, $x3:literal) => {
+        concat!(
+            "vbroadcasti128 {h0}, xmmword ptr [{tmp} + ",
+            $sc0,
+            "]\n",
+            "vbroadcasti128 {h1}, xmmword ptr [{tmp} + ",
+            $sc1,
+            "]\n",
+            "vmovdqu {q0}, ymmword ptr [{p0} + ",
+            $qh,
+            "]\n",
+            "vmovdqu {q1}, ymmword ptr [{p0} + {rs} + ",
+            $qh,
+            "]\n",
+            q6k_chunk_pair!($ql_a, "0", 0, $x0, "0"),
+            q6k_chunk_pair!($ql_b, "0", 1, $x1, "32"),
+            q6k_chunk_pair!($ql_a, "4", 2, $x2, "64"),
+            q6k_chunk_pair!($ql_b, "4", 3, $x3, "96"),
+        )
+    };
+}
+
+/// Blocks whose sums [`q6k_pair`] holds before reducing and scaling them.
+const Q6K_PAIR_BLOCKS: usize = 16;
+
 /// Rows `r` and `r + 1` × the one token of a Q6_K matrix, into `out[0..2]`: [`q6k_tile`]'s
-/// arithmetic for each row (the same integer sums, scaled by each block's `d` in f64 in block
-/// order), with the token's activation vectors loaded once for both rows and the two rows'
-/// block sums reduced and scaled together. One row per pass left the vector pipes half idle:
-/// each block ended in a horizontal sum and an f64 add through a spilled accumulator. Zen 3,
-/// one thread: 128 rows of 2560 in L2, 12.5 → 13.2–13.9 GB/s (old and new binaries
-/// alternating); in 2B4T TQ1 decode (`bitnet-trace`, 3 alternating rounds) the head's GB/s
-/// against the lookup kernel's in the same run went from 1.28× to 1.34×.
-#[inline(always)]
-unsafe fn q6k_pair(m: &crate::formats::Q6kRows, r: usize, x: &ActivationBatch, out: &mut [f32]) {
+/// arithmetic for each row (each block's exact i32 sum, times its `d` in f64, added in block
+/// order), the block loop in assembly. Per block of both rows: the −32 offsets from the
+/// token's sub-block sums, then eight chunks each decoded, multiplied by the activations and
+/// by its sub-block scales, and the two rows' i32 sums stored (negated) with their `d`s. The
+/// sums are reduced and scaled after the loop, up to [`Q6K_PAIR_BLOCKS`] at a time, so each
+/// block ends in two stores instead of a horizontal sum and a dependent f64 chain.
+///
+/// Why assembly: with intrinsics (the same operations, reduction after the loop or not), LLVM
+/// spilled and reloaded constants and ran about 66 cycles per block pair; a C mock-up of the
+/// block alone ran 52 with the reduction in the loop and 39 without. Zen 3, one thread,
+/// `cargo bench --bench head` (2B4T's 2560-wide rows), old and new alternating: 128 rows in L2
+/// 19.5–20.5 → 23.3–23.8 GB/s; streamed rows (twice the L3), where DRAM limits one core,
+/// 16.3–17.5 → 17.5–18.0. In 2B4T TQ1_0 decode on one thread (3 rounds, alternating) 21.97
+/// → 22.24–22.42 tok/s.
+#[inline]
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn q6k_pair(
+    m: &crate::formats::Q6kRows,
+    r: usize,
+    x: &ActivationBatch,
+    isums: &mut [__m256i; 2 * Q6K_PAIR_BLOCKS + 2],
+    dbuf: &mut [u16; 2 * Q6K_PAIR_BLOCKS + 2],
+    out: &mut [f32],
+) {
     use crate::formats::Q6K_BLOCK_BYTES;
-    let rows = [m.row(r).as_ptr(), m.row(r + 1).as_ptr()];
+    // Rows are stored back to back: row r + 1 is `rs` bytes after row r.
+    let (row0, rs) = (m.row(r).as_ptr(), m.blocks_per_row() * Q6K_BLOCK_BYTES);
+    debug_assert_eq!(m.row(r + 1).as_ptr(), row0.wrapping_add(rs));
     let (xp, sums) = (x.token(0).as_ptr() as *const u8, x.sub_sums(0).as_ptr());
-    let mut acc = _mm256_setzero_pd();
-    for blk in 0..m.blocks_per_row() {
-        let off = blk * Q6K_BLOCK_BYTES;
-        prefetch_rows_l2::<2>(rows[0], off, Q6K_BLOCK_BYTES);
-        let p = [rows[0].add(off), rows[1].add(off)];
-        let sc16 = [
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(p[0].add(192) as *const __m128i)),
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(p[1].add(192) as *const __m128i)),
-        ];
-        let mut isum = [_mm256_setzero_si256(); 2];
-        for h in 0..2 {
-            let halves = if h == 0 {
-                [_mm256_permute4x64_epi64::<0x44>(sc16[0]), _mm256_permute4x64_epi64::<0x44>(sc16[1])]
-            } else {
-                [_mm256_permute4x64_epi64::<0xEE>(sc16[0]), _mm256_permute4x64_epi64::<0xEE>(sc16[1])]
-            };
-            for n in 0..4 {
-                let c = 4 * h + n;
-                let pick = _mm256_loadu_si256(Q6K_SCALE_PICK[n].as_ptr() as *const __m256i);
-                let xv = load(xp.add(blk * QK_K + 32 * c));
-                for i in 0..2 {
-                    let q = q6k_chunk_codes(p[i], h, n);
-                    let sc = _mm256_shuffle_epi8(halves[i], pick);
-                    isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), sc));
-                }
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut acc = _mm_setzero_pd();
+    let mut scales = [_mm256_setzero_si256(); 2];
+    let tmp = scales.as_mut_ptr();
+    let pick = Q6K_SCALE_PICK.as_ptr();
+    let nb = m.blocks_per_row();
+    let mut blk0 = 0;
+    while blk0 < nb {
+        let g = (nb - blk0).min(Q6K_PAIR_BLOCKS);
+        let off = blk0 * Q6K_BLOCK_BYTES;
+        // SAFETY: rows r and r + 1 are `nb` whole 210-byte blocks each, `rs` bytes apart, the
+        // token `nb × 256` values and `nb × 16` sums (`q6k_rows_matmul` checked the shapes);
+        // the asm reads blocks blk0..blk0 + g of those (prefetches never fault) and the pick
+        // table, and writes `scales`, `isums[..2g]` and `dbuf[..2g]` (g ≤ Q6K_PAIR_BLOCKS).
+        std::arch::asm!(
+            "2:",
+            // The pair's bytes as one stream, PREFETCH_L2_BYTES ahead: 7 lines per 420 bytes.
+            "prefetcht1 byte ptr [{pf}]",
+            "prefetcht1 byte ptr [{pf} + 64]",
+            "prefetcht1 byte ptr [{pf} + 128]",
+            "prefetcht1 byte ptr [{pf} + 192]",
+            "prefetcht1 byte ptr [{pf} + 256]",
+            "prefetcht1 byte ptr [{pf} + 320]",
+            "prefetcht1 byte ptr [{pf} + 384]",
+            // Both rows' 16 scales as i16, kept for the halves' broadcasts; the −32 offsets
+            // (32 × Σ scale × the token's sub-block sums) start the sums, chunks subtract.
+            "vpmovsxbw {t0}, xmmword ptr [{p0} + 192]",
+            "vpmovsxbw {t1}, xmmword ptr [{p0} + {rs} + 192]",
+            "vmovdqu ymmword ptr [{tmp}], {t0}",
+            "vmovdqu ymmword ptr [{tmp} + 32], {t1}",
+            "vpmaddwd {i0}, {t0}, ymmword ptr [{s}]",
+            "vpmaddwd {i1}, {t1}, ymmword ptr [{s}]",
+            "vpslld {i0}, {i0}, 5",
+            "vpslld {i1}, {i1}, 5",
+            q6k_half_pair!("0", "0", "32", "128", "0", "32", "0", "32", "64", "96"),
+            q6k_half_pair!("1", "64", "96", "160", "16", "48", "128", "160", "192", "224"),
+            "vmovdqa ymmword ptr [{is}], {i0}",
+            "vmovdqa ymmword ptr [{is} + 32], {i1}",
+            "movzx {k:e}, word ptr [{p0} + 208]",
+            "mov word ptr [{d}], {k:x}",
+            "movzx {k:e}, word ptr [{p0} + {rs} + 208]",
+            "mov word ptr [{d} + 2], {k:x}",
+            "add {p0}, {bb}",
+            "add {pf}, {bb2}",
+            "add {x}, 256",
+            "add {s}, 32",
+            "add {is}, 64",
+            "add {d}, 4",
+            "dec {n}",
+            "jnz 2b",
+            p0 = inout(reg) row0.add(off) => _,
+            rs = in(reg) rs,
+            pf = inout(reg) row0.wrapping_add(2 * off + PREFETCH_L2_BYTES) => _,
+            x = inout(reg) xp.add(blk0 * QK_K) => _,
+            s = inout(reg) sums.add(16 * blk0) => _,
+            is = inout(reg) isums.as_mut_ptr() => _,
+            d = inout(reg) dbuf.as_mut_ptr() => _,
+            n = inout(reg) g => _,
+            k = out(reg) _,
+            tmp = in(reg) tmp,
+            pick = in(reg) pick,
+            bb = const Q6K_BLOCK_BYTES,
+            bb2 = const 2 * Q6K_BLOCK_BYTES,
+            m4 = in(ymm_reg) m4,
+            m30 = in(ymm_reg) m30,
+            i0 = out(ymm_reg) _,
+            i1 = out(ymm_reg) _,
+            h0 = out(ymm_reg) _,
+            h1 = out(ymm_reg) _,
+            q0 = out(ymm_reg) _,
+            q1 = out(ymm_reg) _,
+            c0 = out(ymm_reg) _,
+            c1 = out(ymm_reg) _,
+            t0 = out(ymm_reg) _,
+            t1 = out(ymm_reg) _,
+            options(nostack),
+        );
+        // Two blocks at a time, [row r, row r + 1] of block j then of block j + 1 (an odd
+        // count's last pair is zeros, its product unused): `acc − d × (−isum)`, block order.
+        isums[2 * g] = _mm256_setzero_si256();
+        isums[2 * g + 1] = _mm256_setzero_si256();
+        let mut j = 0;
+        while j < g {
+            let s = _mm256_cvtepi32_pd(hsum4_i32([isums[2 * j], isums[2 * j + 1], isums[2 * j + 2], isums[2 * j + 3]]));
+            let dv = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(dbuf.as_ptr().add(2 * j) as *const __m128i)));
+            let p = _mm256_mul_pd(dv, s);
+            acc = _mm_sub_pd(acc, _mm256_castpd256_pd128(p));
+            if j + 1 < g {
+                acc = _mm_sub_pd(acc, _mm256_extractf128_pd::<1>(p));
             }
+            j += 2;
         }
-        let x_sums = _mm256_loadu_si256(sums.add(16 * blk) as *const __m256i);
-        for i in 0..2 {
-            isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16[i], x_sums)));
-        }
-        let z = _mm256_setzero_si256();
-        let s = hsum4_i32([isum[0], isum[1], z, z]);
-        let d = |i: usize| f16_to_f64(half::f16::from_bits((p[i].add(208) as *const u16).read_unaligned()));
-        acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set_pd(0.0, 0.0, d(1), d(0)), _mm256_cvtepi32_pd(s)));
+        blk0 += g;
     }
-    let mut lanes = [0f64; 4];
-    _mm256_storeu_pd(lanes.as_mut_ptr(), acc);
+    let mut lanes = [0f64; 2];
+    _mm_storeu_pd(lanes.as_mut_ptr(), acc);
     out[0] = finish_blocks(lanes[0], x.scale(0));
     out[1] = finish_blocks(lanes[1], x.scale(0));
 }

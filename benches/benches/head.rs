@@ -1,0 +1,42 @@
+//! The Q6_K LM head (`kernels::q6k_rows_matmul`) on 2B4T's width (2560 columns), B = 1 and
+//! B = 8: 128 rows in cache (269 KB, one core's L2) and 32768 rows streamed (69 MB, twice
+//! the L3), at the AVX2 level with the portable loop as the same-run reference. Throughput
+//! is bytes of Q6_K blocks, so criterion prints GB/s.
+//!
+//! `cargo bench -p bitnet-benches --bench head [-- FILTER]`
+
+use std::time::Duration;
+
+use bitnet_benches::activations;
+use bitnet_engine::formats::Q6kRows;
+use bitnet_engine::kernels::q6k_rows_matmul;
+use bitnet_engine::IsaLevel;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+
+const COLS: usize = 2560;
+
+fn head(c: &mut Criterion) {
+    for (case, rows) in [("cache_128x2560", 128usize), ("stream_32768x2560", 32768)] {
+        let m = Q6kRows::random(rows, COLS, 0.02, 5).expect("valid shape");
+        for b in [1usize, 8] {
+            let mut group = c.benchmark_group(format!("head_q6k/{case}/B{b}"));
+            group
+                .warm_up_time(Duration::from_millis(500))
+                .measurement_time(Duration::from_millis(1500))
+                .sample_size(20);
+            group.throughput(Throughput::BytesDecimal(m.byte_len() as u64));
+            let x = activations(b, COLS, 1);
+            let mut out = vec![0f32; rows * b];
+            // The AVX-512 level runs the AVX2 kernel (the head has no VNNI path), so two levels.
+            for isa in [IsaLevel::Scalar, IsaLevel::Avx2].into_iter().filter(|l| l.is_supported()) {
+                group.bench_function(BenchmarkId::from_parameter(isa.name()), |bench| {
+                    bench.iter(|| q6k_rows_matmul(isa, &m, &x, 0..rows, &mut out).expect("matching shapes"))
+                });
+            }
+            group.finish();
+        }
+    }
+}
+
+criterion_group!(benches, head);
+criterion_main!(benches);
