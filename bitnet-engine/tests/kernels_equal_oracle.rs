@@ -171,13 +171,13 @@ fn int8_rows_equal_plain_loops() {
 /// here from the block definition, bit for bit: per block Σⱼ scaleⱼ · Σ (q − 32)·x in i32, times
 /// d in f64, blocks in order, then the token's scale. Random blocks, and blocks at the extremes
 /// (every code 63 or 0, scales −128 and 127) against activations −128 and 127; one token and
-/// batches; odd row ranges; rows of 1, 2, 10 and 17 blocks (the one-token kernel reduces its
-/// sums 16 blocks at a time).
+/// batches; odd row ranges, one ending at the matrix's last row; rows of 1, 2, 3, 10 and 19
+/// blocks (the one-token kernel reduces its sums 16 blocks at a time, two blocks per step).
 #[test]
 fn q6k_rows_equal_plain_loops() {
     use bitnet_engine::formats::{Q6kRows, Q6K_BLOCK_BYTES};
     use bitnet_engine::kernels::q6k_rows_matmul;
-    for k in [256usize, 512, 2560, 17 * 256] {
+    for k in [256usize, 512, 768, 2560, 19 * 256] {
         let n = 21;
         let random = Q6kRows::random(n, k, 0.05, k as u64).unwrap();
         let mut bytes = random.as_bytes().to_vec();
@@ -193,8 +193,13 @@ fn q6k_rows_equal_plain_loops() {
         }
         let extreme = Q6kRows::from_bytes(n, k, &bytes).unwrap();
         for m in [&random, &extreme] {
-            for batch in [1usize, 2, 3, 5, 8, 9, 12] {
+            // Case 1 is one token of extreme activations.
+            for (case, batch) in [1usize, 1, 2, 3, 5, 8, 9, 12].into_iter().enumerate() {
                 let mut x = activations(batch, k, 200 + batch as u64);
+                if case == 1 {
+                    let q: Vec<i8> = (0..k).map(|i| [-128, 127, 127, -128, -127][i % 5]).collect();
+                    x.set_quantized(&q, &[0.75]).unwrap();
+                }
                 if batch == 3 {
                     let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, -128, -127, 0, 1][i % 6]).collect();
                     x.set_quantized(&q, &[0.5, 0.25, 1.0]).unwrap();
@@ -203,7 +208,7 @@ fn q6k_rows_equal_plain_loops() {
                     let q: Vec<i8> = (0..batch * k).map(|i| if i < k { -128 } else { 127 }).collect();
                     x.set_quantized(&q, &[0.5, 0.25]).unwrap();
                 }
-                for rows in [0..n, 3..4, 5..20] {
+                for rows in [0..n, 3..4, 5..20, 1..n] {
                     let want: Vec<f32> = rows
                         .clone()
                         .flat_map(|r| {

@@ -750,7 +750,7 @@ macro_rules! split_2x4 {
     () => {
         "vpand {c0}, {r0}, {m}\nvpand {c1}, {r1}, {m}\n"
     };
-    ($shift:tt) => {
+    ($shift:literal) => {
         concat!(
             "vpsrlw {c0}, {r0}, ",
             $shift,
@@ -2409,11 +2409,11 @@ macro_rules! q6k_high {
     };
 }
 
-/// Assembly of half h of a block of both rows: the half's eight scales (i16, in both 128-bit
+/// Assembly of one half of a block of both rows: the half's eight scales (i16, in both 128-bit
 /// lanes, from the block's scales stored at `tmp`), its `qh` (bytes `$qh`), then its four
 /// chunks.
 macro_rules! q6k_half_pair {
-    ($h:literal, $ql_a:literal, $ql_b:literal, $qh:literal, $sc0:literal, $sc1:literal, $x0:literal, $x1:literal, $x2:literal, $x3:literal) => {
+    ($ql_a:literal, $ql_b:literal, $qh:literal, $sc0:literal, $sc1:literal, $x0:literal, $x1:literal, $x2:literal, $x3:literal) => {
         concat!(
             "vbroadcasti128 {h0}, xmmword ptr [{tmp} + ",
             $sc0,
@@ -2444,7 +2444,8 @@ const Q6K_PAIR_BLOCKS: usize = 16;
 /// token's sub-block sums, then eight chunks each decoded, multiplied by the activations and
 /// by its sub-block scales, and the two rows' i32 sums stored (negated) with their `d`s. The
 /// sums are reduced and scaled after the loop, up to [`Q6K_PAIR_BLOCKS`] at a time, so each
-/// block ends in two stores instead of a horizontal sum and a dependent f64 chain.
+/// block ends in four stores (two sums, two `d`s) instead of a horizontal sum and a dependent
+/// f64 chain.
 ///
 /// Why assembly: with intrinsics (the same operations, reduction after the loop or not), LLVM
 /// spilled and reloaded constants and ran about 66 cycles per block pair; a C mock-up of the
@@ -2464,9 +2465,10 @@ unsafe fn q6k_pair(
     out: &mut [f32],
 ) {
     use crate::formats::Q6K_BLOCK_BYTES;
-    // Rows are stored back to back: row r + 1 is `rs` bytes after row r.
-    let (row0, rs) = (m.row(r).as_ptr(), m.blocks_per_row() * Q6K_BLOCK_BYTES);
-    debug_assert_eq!(m.row(r + 1).as_ptr(), row0.wrapping_add(rs));
+    // `Q6kRows` stores its rows back to back in one buffer: row r + 1 is `rs` bytes after row
+    // r, and one pointer into both rows' bytes reads either.
+    let rs = m.blocks_per_row() * Q6K_BLOCK_BYTES;
+    let row0 = m.as_bytes()[r * rs..(r + 2) * rs].as_ptr();
     let (xp, sums) = (x.token(0).as_ptr() as *const u8, x.sub_sums(0).as_ptr());
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let mut acc = _mm_setzero_pd();
@@ -2478,10 +2480,12 @@ unsafe fn q6k_pair(
     while blk0 < nb {
         let g = (nb - blk0).min(Q6K_PAIR_BLOCKS);
         let off = blk0 * Q6K_BLOCK_BYTES;
-        // SAFETY: rows r and r + 1 are `nb` whole 210-byte blocks each, `rs` bytes apart, the
-        // token `nb × 256` values and `nb × 16` sums (`q6k_rows_matmul` checked the shapes);
-        // the asm reads blocks blk0..blk0 + g of those (prefetches never fault) and the pick
-        // table, and writes `scales`, `isums[..2g]` and `dbuf[..2g]` (g ≤ Q6K_PAIR_BLOCKS).
+        // SAFETY: the caller pairs rows only where r + 2 ≤ rows.end ≤ m.rows(), so `row0`
+        // covers rows r and r + 1, `nb` whole 210-byte blocks each, `rs` bytes apart; the token
+        // holds `nb × 256` values and `nb × 16` sums (`q6k_rows_matmul` checked the shapes).
+        // The asm reads blocks blk0..blk0 + g of both rows and of the token (prefetches never
+        // fault), the pick table and `scales`, and writes `scales`, `isums[..2g]` and
+        // `dbuf[..2g]` (1 ≤ g ≤ Q6K_PAIR_BLOCKS), all unaligned stores.
         std::arch::asm!(
             "2:",
             // The pair's bytes as one stream, PREFETCH_L2_BYTES ahead: 7 lines per 420 bytes.
@@ -2502,10 +2506,10 @@ unsafe fn q6k_pair(
             "vpmaddwd {i1}, {t1}, ymmword ptr [{s}]",
             "vpslld {i0}, {i0}, 5",
             "vpslld {i1}, {i1}, 5",
-            q6k_half_pair!("0", "0", "32", "128", "0", "32", "0", "32", "64", "96"),
-            q6k_half_pair!("1", "64", "96", "160", "16", "48", "128", "160", "192", "224"),
-            "vmovdqa ymmword ptr [{is}], {i0}",
-            "vmovdqa ymmword ptr [{is} + 32], {i1}",
+            q6k_half_pair!("0", "32", "128", "0", "32", "0", "32", "64", "96"),
+            q6k_half_pair!("64", "96", "160", "16", "48", "128", "160", "192", "224"),
+            "vmovdqu ymmword ptr [{is}], {i0}",
+            "vmovdqu ymmword ptr [{is} + 32], {i1}",
             "movzx {k:e}, word ptr [{p0} + 208]",
             "mov word ptr [{d}], {k:x}",
             "movzx {k:e}, word ptr [{p0} + {rs} + 208]",
