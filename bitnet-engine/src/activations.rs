@@ -5,6 +5,8 @@
 //! are valid unsigned operands of `vpdpbusd` / `vpmaddubsw`, and `dot(w, x) = dot(c, x) − sum(x)`.
 //! So each token keeps `sum(x)` over K and per 256-weight block (for the block-scaled formats).
 
+use std::ops::Range;
+
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
 use crate::formats::tq1_lut::lut_table_bytes;
@@ -302,6 +304,11 @@ impl ActivationBatch {
     #[inline]
     pub fn token(&self, b: usize) -> &[i8] {
         &self.values.as_i8()[b * self.padded..(b + 1) * self.padded]
+    }
+    /// Tokens `b`'s quantized values, token after token (`padded_cols` each).
+    #[inline]
+    pub fn tokens(&self, b: Range<usize>) -> &[i8] {
+        &self.values.as_i8()[b.start * self.padded..b.end * self.padded]
     }
     #[inline]
     pub fn scale(&self, b: usize) -> f32 {

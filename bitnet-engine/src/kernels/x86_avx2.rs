@@ -2275,12 +2275,14 @@ unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: 
         }
         return;
     }
+    let mut octet_sums = [_mm256_setzero_si256(); 8 * Q6K_PAIR_BLOCKS];
     for (i, r) in rows.enumerate() {
         let o = &mut out[i * batch..(i + 1) * batch];
         let mut b0 = 0;
         // Eight tokens per pass where there are eight: each chunk's codes are decoded once for
         // twice the multiplies. 2B4T batch 8 (`bitnet-trace --batch 8`, 2 threads, alternating
-        // binaries): the head 433–434 → 380–383 ms, a quarter of the step before.
+        // binaries): the head 433–434 → 380–383 ms, a quarter of the step before. The first
+        // eight tokens, which stream the row in, take the assembly tile (`q6k_octet`).
         while b0 < batch {
             let g = match batch - b0 {
                 1 => {
@@ -2298,6 +2300,10 @@ unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: 
                 4..=7 => {
                     q6k_tile::<4>(m, r, x, b0, o);
                     4
+                }
+                _ if b0 == 0 => {
+                    q6k_octet(m, r, x, &mut octet_sums, o);
+                    8
                 }
                 _ => {
                     q6k_tile::<8>(m, r, x, b0, o);
@@ -2339,8 +2345,8 @@ macro_rules! q6k_chunk_pair {
         concat!(
             q6k_low!($shift_low, "{c0}", "{p0}", $ql),
             q6k_low!($shift_low, "{c1}", "{p0} + {rs}", $ql),
-            q6k_high!("{t0}", "{q0}", $n),
-            q6k_high!("{t1}", "{q1}", $n),
+            q6k_high!("{t0}", "{q0}", $n, "{m30}"),
+            q6k_high!("{t1}", "{q1}", $n, "{m30}"),
             "vpor {c0}, {c0}, {t0}\n",
             "vpor {c1}, {c1}, {t1}\n",
             "vpmaddubsw {c0}, {c0}, ymmword ptr [{x} + ",
@@ -2393,19 +2399,20 @@ macro_rules! q6k_low {
 }
 
 /// Assembly of chunk n's two high bits, moved from bits 2n, 2n + 1 of `qh` to bits 4–5 of
-/// `$t` (16-bit shifts carry bits across bytes only into positions the mask clears).
+/// `$t` (16-bit shifts carry bits across bytes only into positions the mask `$m30`, a
+/// register or memory operand of 0x30 bytes, clears).
 macro_rules! q6k_high {
-    ($t:literal, $qh:literal, 0) => {
-        concat!("vpsllw ", $t, ", ", $qh, ", 4\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    ($t:literal, $qh:literal, 0, $m30:literal) => {
+        concat!("vpsllw ", $t, ", ", $qh, ", 4\n", "vpand ", $t, ", ", $t, ", ", $m30, "\n")
     };
-    ($t:literal, $qh:literal, 1) => {
-        concat!("vpsllw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    ($t:literal, $qh:literal, 1, $m30:literal) => {
+        concat!("vpsllw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", ", $m30, "\n")
     };
-    ($t:literal, $qh:literal, 2) => {
-        concat!("vpand ", $t, ", ", $qh, ", {m30}\n")
+    ($t:literal, $qh:literal, 2, $m30:literal) => {
+        concat!("vpand ", $t, ", ", $qh, ", ", $m30, "\n")
     };
-    ($t:literal, $qh:literal, 3) => {
-        concat!("vpsrlw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", {m30}\n")
+    ($t:literal, $qh:literal, 3, $m30:literal) => {
+        concat!("vpsrlw ", $t, ", ", $qh, ", 2\n", "vpand ", $t, ", ", $t, ", ", $m30, "\n")
     };
 }
 
@@ -2571,6 +2578,204 @@ unsafe fn q6k_pair(
     out[0] = finish_blocks(lanes[0], x.scale(0));
     out[1] = finish_blocks(lanes[1], x.scale(0));
 }
+
+/// Assembly of one Q6_K chunk of one row × eight tokens: the chunk's codes into `{c}` (low
+/// nibbles from byte `$ql` of the block, shifted down when `$shift` is "4"; chunk `$n`'s high
+/// bits from the half's `qh`), its sub-block scales into `{sc}`, then per token `vpmaddubsw`
+/// with the activations at `+ $x` and `vpmaddwd` with the scales, added to the token's sums.
+macro_rules! q6k_chunk_octet {
+    ($ql:literal, $shift:tt, $n:tt, $x:literal, $pick:literal) => {
+        concat!(
+            q6k_low!($shift, "{c}", "{p}", $ql),
+            q6k_high!("{t0}", "{qh}", $n, "ymmword ptr [{m30}]"),
+            "vpor {c}, {c}, {t0}\n",
+            "vpshufb {sc}, {hs}, ymmword ptr [{pick} + ",
+            $pick,
+            "]\n",
+            q6k_token_octet!("{a0}", "{xa}", $x),
+            q6k_token_octet!("{a1}", "{xa} + {st}", $x),
+            q6k_token_octet!("{a2}", "{xa} + 2 * {st}", $x),
+            q6k_token_octet!("{a3}", "{xb}", $x),
+            q6k_token_octet!("{a4}", "{xa} + 4 * {st}", $x),
+            q6k_token_octet!("{a5}", "{xb} + 2 * {st}", $x),
+            q6k_token_octet!("{a6}", "{xc}", $x),
+            q6k_token_octet!("{a7}", "{xb} + 4 * {st}", $x),
+        )
+    };
+}
+
+/// Assembly of one token's products of a chunk (activations at `[$xp + $x]`), added to `$acc`.
+macro_rules! q6k_token_octet {
+    ($acc:literal, $xp:literal, $x:literal) => {
+        concat!(
+            "vpmaddubsw {t1}, {c}, ymmword ptr [",
+            $xp,
+            " + ",
+            $x,
+            "]\n",
+            "vpmaddwd {t1}, {t1}, {sc}\n",
+            "vpaddd ",
+            $acc,
+            ", ",
+            $acc,
+            ", {t1}\n",
+        )
+    };
+}
+
+/// Assembly of one half of a block of one row × eight tokens.
+macro_rules! q6k_half_octet {
+    ($ql_a:literal, $ql_b:literal, $qh:literal, $sc:literal, $x0:literal, $x1:literal, $x2:literal, $x3:literal) => {
+        concat!(
+            "vbroadcasti128 {hs}, xmmword ptr [{tmp} + ",
+            $sc,
+            "]\n",
+            "vmovdqu {qh}, ymmword ptr [{p} + ",
+            $qh,
+            "]\n",
+            q6k_chunk_octet!($ql_a, "0", 0, $x0, "0"),
+            q6k_chunk_octet!($ql_b, "0", 1, $x1, "32"),
+            q6k_chunk_octet!($ql_a, "4", 2, $x2, "64"),
+            q6k_chunk_octet!($ql_b, "4", 3, $x3, "96"),
+        )
+    };
+}
+
+/// Row `r` × tokens 0..8 of a Q6_K matrix, into `out[0..8]`: [`q6k_tile`]'s arithmetic for
+/// eight tokens (each block's exact i32 sum per token, times `d` in f64, added in block
+/// order), the block loop in assembly. Per block: each chunk's codes and scales made once,
+/// then `vpmaddubsw`, `vpmaddwd` and an add per token into eight accumulators, stored; the
+/// −32 offsets, reductions and scaling follow the loop, up to [`Q6K_PAIR_BLOCKS`] blocks at a
+/// time. The eight tokens are read through three base pointers (tokens 0, 3 and 6) and the
+/// token stride, as x86 addressing scales an index by 1, 2, 4 or 8 only. With intrinsics
+/// ([`q6k_tile`] with G = 8) the block ran about 115 cycles; here about 103, near what its
+/// 300-odd vector ops (with the work after the loop) allow at the three or so per cycle Zen 3
+/// sustains on such mixes. Zen 3, one thread,
+/// `cargo bench --bench head` B = 8 in L2, alternating: 5.63–5.80 → 6.23–6.51 GB/s; 2B4T TQ2_0
+/// batch-8 decode on 2 threads (3 rounds): 80.7–81.6 → 81.8–83.3 tok/s.
+#[inline]
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn q6k_octet(
+    m: &crate::formats::Q6kRows,
+    r: usize,
+    x: &ActivationBatch,
+    sums_buf: &mut [__m256i; 8 * Q6K_PAIR_BLOCKS],
+    out: &mut [f32],
+) {
+    use crate::formats::Q6K_BLOCK_BYTES;
+    let row = m.row(r).as_ptr();
+    let st = x.padded_cols();
+    let xa = x.tokens(0..8).as_ptr() as *const u8;
+    let sums: [*const i16; 8] = std::array::from_fn(|t| x.sub_sums(t).as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut scales = [_mm256_setzero_si256(); 1];
+    let tmp = scales.as_mut_ptr();
+    let pick = Q6K_SCALE_PICK.as_ptr();
+    let m30 = Q6K_HIGH_MASK.0.as_ptr();
+    let (mut acc4, mut acc8) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let nb = m.blocks_per_row();
+    let mut blk0 = 0;
+    while blk0 < nb {
+        let g = (nb - blk0).min(Q6K_PAIR_BLOCKS);
+        let off = blk0 * Q6K_BLOCK_BYTES;
+        // SAFETY: row r is `nb` whole 210-byte blocks and tokens 0..8 (`xa`, `st` apart) hold
+        // `nb × 256` values each (`q6k_rows_matmul` checked the shapes; the caller has ≥ 8
+        // tokens); the asm reads blocks blk0..blk0 + g of the row and the tokens (prefetches
+        // never fault), the pick table, the mask and `scales`, and writes `scales` and
+        // `sums_buf[..8g]` (1 ≤ g ≤ Q6K_PAIR_BLOCKS), unaligned.
+        std::arch::asm!(
+            "2:",
+            // The row's block into L2, PREFETCH_L2_BYTES ahead: four lines cover 210 bytes.
+            "prefetcht1 byte ptr [{p} + {pf}]",
+            "prefetcht1 byte ptr [{p} + {pf} + 64]",
+            "prefetcht1 byte ptr [{p} + {pf} + 128]",
+            "prefetcht1 byte ptr [{p} + {pf} + 192]",
+            "vpmovsxbw {t0}, xmmword ptr [{p} + 192]",
+            "vmovdqu ymmword ptr [{tmp}], {t0}",
+            "vpxor {a0}, {a0}, {a0}",
+            "vpxor {a1}, {a1}, {a1}",
+            "vpxor {a2}, {a2}, {a2}",
+            "vpxor {a3}, {a3}, {a3}",
+            "vpxor {a4}, {a4}, {a4}",
+            "vpxor {a5}, {a5}, {a5}",
+            "vpxor {a6}, {a6}, {a6}",
+            "vpxor {a7}, {a7}, {a7}",
+            q6k_half_octet!("0", "32", "128", "0", "0", "32", "64", "96"),
+            q6k_half_octet!("64", "96", "160", "16", "128", "160", "192", "224"),
+            "vmovdqu ymmword ptr [{is}], {a0}",
+            "vmovdqu ymmword ptr [{is} + 32], {a1}",
+            "vmovdqu ymmword ptr [{is} + 64], {a2}",
+            "vmovdqu ymmword ptr [{is} + 96], {a3}",
+            "vmovdqu ymmword ptr [{is} + 128], {a4}",
+            "vmovdqu ymmword ptr [{is} + 160], {a5}",
+            "vmovdqu ymmword ptr [{is} + 192], {a6}",
+            "vmovdqu ymmword ptr [{is} + 224], {a7}",
+            "add {p}, {bb}",
+            "add {xa}, 256",
+            "add {xb}, 256",
+            "add {xc}, 256",
+            "add {is}, 256",
+            "dec {n}",
+            "jnz 2b",
+            p = inout(reg) row.add(off) => _,
+            pf = const PREFETCH_L2_BYTES,
+            xa = inout(reg) xa.add(blk0 * QK_K) => _,
+            xb = inout(reg) xa.add(3 * st + blk0 * QK_K) => _,
+            xc = inout(reg) xa.add(6 * st + blk0 * QK_K) => _,
+            st = in(reg) st,
+            is = inout(reg) sums_buf.as_mut_ptr() => _,
+            n = inout(reg) g => _,
+            tmp = in(reg) tmp,
+            pick = in(reg) pick,
+            m30 = in(reg) m30,
+            bb = const Q6K_BLOCK_BYTES,
+            m4 = in(ymm_reg) m4,
+            a0 = out(ymm_reg) _,
+            a1 = out(ymm_reg) _,
+            a2 = out(ymm_reg) _,
+            a3 = out(ymm_reg) _,
+            a4 = out(ymm_reg) _,
+            a5 = out(ymm_reg) _,
+            a6 = out(ymm_reg) _,
+            a7 = out(ymm_reg) _,
+            hs = out(ymm_reg) _,
+            qh = out(ymm_reg) _,
+            c = out(ymm_reg) _,
+            sc = out(ymm_reg) _,
+            t0 = out(ymm_reg) _,
+            t1 = out(ymm_reg) _,
+            options(nostack),
+        );
+        // Per block: each token's exact sum (chunk products − 32 × Σ scale × sub-block sum),
+        // four tokens per reduction, `acc += d × sum` in block order.
+        for j in 0..g {
+            let blk = blk0 + j;
+            let p = row.add(blk * Q6K_BLOCK_BYTES);
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let d = f16_to_f64(half::f16::from_bits((p.add(208) as *const u16).read_unaligned()));
+            let v: [__m256i; 8] = std::array::from_fn(|t| {
+                let offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256(sums[t].add(16 * blk) as *const __m256i));
+                _mm256_sub_epi32(sums_buf[8 * j + t], _mm256_slli_epi32::<5>(offset))
+            });
+            let s4 = hsum4_i32([v[0], v[1], v[2], v[3]]);
+            acc4 = _mm256_add_pd(acc4, _mm256_mul_pd(_mm256_set1_pd(d), _mm256_cvtepi32_pd(s4)));
+            let s4 = hsum4_i32([v[4], v[5], v[6], v[7]]);
+            acc8 = _mm256_add_pd(acc8, _mm256_mul_pd(_mm256_set1_pd(d), _mm256_cvtepi32_pd(s4)));
+        }
+        blk0 += g;
+    }
+    let mut lanes = [0f64; 8];
+    _mm256_storeu_pd(lanes.as_mut_ptr(), acc4);
+    _mm256_storeu_pd(lanes.as_mut_ptr().add(4), acc8);
+    for t in 0..8 {
+        out[t] = finish_blocks(lanes[t], x.scale(t));
+    }
+}
+
+/// [`q6k_octet`]'s high-bit mask, a memory operand (the tile uses all 16 vector registers).
+#[repr(align(32))]
+struct Q6kHighMask([u8; 32]);
+static Q6K_HIGH_MASK: Q6kHighMask = Q6kHighMask([0x30; 32]);
 
 /// `vpshufb` patterns (within each 128-bit half) that broadcast one i16 of eight: for chunk n of
 /// a block half, the low half takes scale 2n and the high half scale 2n + 1 of a vector holding
