@@ -305,7 +305,7 @@ impl ActivationBatch {
     pub fn token(&self, b: usize) -> &[i8] {
         &self.values.as_i8()[b * self.padded..(b + 1) * self.padded]
     }
-    /// Tokens `b`'s quantized values, token after token (`padded_cols` each).
+    /// The quantized values of tokens `b`, token after token (`padded_cols` each).
     #[inline]
     pub fn tokens(&self, b: Range<usize>) -> &[i8] {
         &self.values.as_i8()[b.start * self.padded..b.end * self.padded]

@@ -193,12 +193,13 @@ fn q6k_rows_equal_plain_loops() {
         }
         let extreme = Q6kRows::from_bytes(n, k, &bytes).unwrap();
         for m in [&random, &extreme] {
-            // Case 1 is one token of extreme activations.
-            for (case, batch) in [1usize, 1, 2, 3, 5, 8, 9, 12].into_iter().enumerate() {
+            // Cases 1 and 6 are one and eight tokens of extreme activations. From eight tokens
+            // the first eight take the assembly tile, then tiles of 8, 4 and 1–3 (13, 16, 19).
+            for (case, batch) in [1usize, 1, 2, 3, 5, 8, 8, 9, 12, 13, 16, 19].into_iter().enumerate() {
                 let mut x = activations(batch, k, 200 + batch as u64);
-                if case == 1 {
-                    let q: Vec<i8> = (0..k).map(|i| [-128, 127, 127, -128, -127][i % 5]).collect();
-                    x.set_quantized(&q, &[0.75]).unwrap();
+                if case == 1 || case == 6 {
+                    let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, 127, -128, -127][(i + i / k) % 5]).collect();
+                    x.set_quantized(&q, &vec![0.75; batch]).unwrap();
                 }
                 if batch == 3 {
                     let q: Vec<i8> = (0..batch * k).map(|i| [-128, 127, -128, -127, 0, 1][i % 6]).collect();

@@ -2685,7 +2685,8 @@ unsafe fn q6k_octet(
         // `sums_buf[..8g]` (1 ≤ g ≤ Q6K_PAIR_BLOCKS), unaligned.
         std::arch::asm!(
             "2:",
-            // The row's block into L2, PREFETCH_L2_BYTES ahead: four lines cover 210 bytes.
+            // The row into L2, PREFETCH_L2_BYTES ahead: four lines per 210-byte block (a block
+            // may touch five lines; the next block's four cover the fifth).
             "prefetcht1 byte ptr [{p} + {pf}]",
             "prefetcht1 byte ptr [{p} + {pf} + 64]",
             "prefetcht1 byte ptr [{p} + {pf} + 128]",
@@ -2772,7 +2773,8 @@ unsafe fn q6k_octet(
     }
 }
 
-/// [`q6k_octet`]'s high-bit mask, a memory operand (the tile uses all 16 vector registers).
+/// [`q6k_octet`]'s high-bit mask, a memory operand (the tile holds 15 vector registers; this
+/// keeps one spare for the assembler's choice of temporaries).
 #[repr(align(32))]
 struct Q6kHighMask([u8; 32]);
 static Q6K_HIGH_MASK: Q6kHighMask = Q6kHighMask([0x30; 32]);
@@ -2797,7 +2799,7 @@ static Q6K_SCALE_PICK: [[u8; 32]; 4] = {
 
 /// Row `r` × tokens `b0..b0+G` of a Q6_K matrix, into `out[b]`. The first token group streams
 /// the row in (rows are back to back, so the L2 prefetches run on into the next row); later
-/// groups read it from cache.
+/// groups read it from cache. (From eight tokens on, [`q6k_octet`] takes the first group.)
 #[inline(always)]
 unsafe fn q6k_tile<const G: usize>(
     m: &crate::formats::Q6kRows,
