@@ -8,8 +8,12 @@
 //! patterns (see `build_token_tables_portable`), and a row's dot product is Σ over its groups
 //! of ±table\[p\]. `vpshufb` then does the lookups of 16 rows (two groups each) in one instruction.
 //!
-//! Tables hold i16 sums (|Σ| ≤ 3·128), split into a low-byte and a high-byte table, so the sums
-//! stay exact: no table is requantized to int8 (T-MAC and TL2 requantize them).
+//! A sum v (|v| ≤ 3·128) is held exactly as two signed bytes, `v = 32h + l` with l ∈ [−16, 15]
+//! and h ∈ [−12, 12], in an l table and an h table: no table is requantized to int8 (T-MAC and
+//! TL2 requantize them). Both parts are small, so a kernel adds a span's eight lookups per lane
+//! in i8 lanes and widens once per span, not once per lookup. A kernel negates a group by
+//! complementing both bytes, which gives `32(−h−1) + (−l−1) = −v − 33`; it adds
+//! [`LUT_NEGATION_BIAS`] per negated group back at the end.
 //!
 //! ## Layout
 //! Rows in tiles of [`LUT_TILE_ROWS`] (the last tile padded with zero rows); a row's K columns
@@ -18,7 +22,8 @@
 //! [`LUT_SPAN_BYTES`] bytes, as five 32-byte vectors whose byte `16h + j` belongs to row j of the
 //! tile and lane half h:
 //! - vectors v = 0..4: low nibble = index of group 4v + h, high nibble = index of group 4v + 2 + h;
-//! - vector 4: bit k = sign of group 2k + h (k = 0..8), 1 = negated.
+//! - vector 4: bit 7 − k = sign of group 2k + h (k = 0..8), 1 = negated: pair k's sign is
+//!   bit 7 after the byte is doubled k times, where `vpcmpgtb` against zero reads it.
 //!
 //! So a span of a tile is 16 rows × 48 weights in 160 bytes, and a tile is one ascending stream.
 
@@ -33,9 +38,22 @@ pub const LUT_GROUP: usize = 3;
 pub const LUT_SPAN_GROUPS: usize = 16;
 /// Bytes of one span of one tile: 4 nibble vectors + 1 sign vector.
 pub const LUT_SPAN_BYTES: usize = 160;
-/// Bytes of one group pair's table for one token: low bytes of groups 2P and 2P+1 (16 each),
-/// then their high bytes.
+/// Bytes of one group pair's table for one token: the l bytes of groups 2P and 2P+1 (16 each),
+/// then their h bytes.
 pub const LUT_PAIR_TABLE_BYTES: usize = 64;
+/// Weight of a table's h byte: `v = LUT_H_WEIGHT·h + l`.
+pub const LUT_H_WEIGHT: i16 = 32;
+const _: () = assert!(LUT_H_WEIGHT == 1 << 5, "lut_split and the SIMD builders shift by 5");
+/// What complementing both bytes of a sum v adds beyond −v: `−(LUT_H_WEIGHT + 1)`. Kernels
+/// that negate that way add this back once per negated group ([`Tq1LutMatrix::negated`]).
+pub const LUT_NEGATION_BIAS: i32 = LUT_H_WEIGHT as i32 + 1;
+
+/// The (l, h) bytes of a table sum v: `v = LUT_H_WEIGHT·h + l`, l ∈ [−16, 15].
+#[inline]
+pub const fn lut_split(v: i16) -> (i8, i8) {
+    let h = (v + LUT_H_WEIGHT / 2) >> 5;
+    ((v - LUT_H_WEIGHT * h) as i8, h as i8)
+}
 
 /// Groups of a row of `cols` weights, rounded up to whole spans.
 pub fn lut_groups(cols: usize) -> usize {
@@ -78,8 +96,8 @@ pub fn lut_encode(t: [i8; 3]) -> (u8, bool) {
 }
 
 /// Writes one token's tables (`lut_table_bytes(x.len())` bytes; `x` is the token's K int8
-/// values): for group g and pattern p, the i16 `Σ tᵢ(p)·x[3g+i]`, its low byte at
-/// `64·(g/2) + 16·(g%2) + p` and its high byte 32 bytes further on. Entries 14 and 15 are 0.
+/// values): for group g and pattern p, the sum `Σ tᵢ(p)·x[3g+i]` split by [`lut_split`], its l
+/// byte at `64·(g/2) + 16·(g%2) + p` and its h byte 32 bytes further on. Entries 14 and 15 are 0.
 /// The definition the SIMD builders are tested against.
 pub(crate) fn build_token_tables_portable(x: &[i8], dst: &mut [u8]) {
     let groups = lut_groups(x.len());
@@ -94,11 +112,11 @@ pub(crate) fn build_groups_portable(x: &[i8], dst: &mut [u8], groups: std::ops::
     for g in groups {
         let t = group_table(at(3 * g), at(3 * g + 1), at(3 * g + 2));
         let base = g / 2 * LUT_PAIR_TABLE_BYTES + 16 * (g % 2);
-        let (lo, hi) = dst[base..base + 48].split_at_mut(32);
+        let (ls, hs) = dst[base..base + 48].split_at_mut(32);
         for p in 0..16 {
-            let [l, h] = t[p].to_le_bytes();
-            lo[p] = l;
-            hi[p] = h;
+            let (l, h) = lut_split(t[p]);
+            ls[p] = l as u8;
+            hs[p] = h as u8;
         }
     }
 }
@@ -134,8 +152,8 @@ pub struct Tq1LutMatrix {
     data: PageVec<u8>,
     /// `[rows]`: the row's (uniform) block scale.
     scales: Vec<half::f16>,
-    /// `[rows]`: groups stored negated: the kernels XOR-negate a looked-up sum (−v − 1) and
-    /// add these back.
+    /// `[rows]`: groups stored negated: the kernels complement a looked-up sum (−v − 33) and
+    /// add these back times [`LUT_NEGATION_BIAS`].
     negated: Vec<i32>,
 }
 
@@ -178,8 +196,8 @@ impl Tq1LutMatrix {
                     for v in 0..4 {
                         span[32 * v + lane] = c[4 * v + h] | c[4 * v + 2 + h] << 4;
                     }
-                    // Bit k: the sign of group 2k + h.
-                    span[128 + lane] = (0..8).fold(0u8, |b, k| b | n[2 * k + h] << k);
+                    // Bit 7 − k: the sign of group 2k + h.
+                    span[128 + lane] = (0..8).fold(0u8, |b, k| b | n[2 * k + h] << (7 - k));
                 }
             }
         }
@@ -205,7 +223,7 @@ impl Tq1LutMatrix {
         let (h, pair) = (g % 2, g % LUT_SPAN_GROUPS / 2);
         let lane = 16 * h + row % LUT_TILE_ROWS;
         let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
-        (p, span[128 + lane] >> pair & 1 == 1)
+        (p, span[128 + lane] >> (7 - pair) & 1 == 1)
     }
 
     /// The `LUT_SPAN_BYTES` of span `s` of tile `tile`.
@@ -303,10 +321,26 @@ mod tests {
                         0
                     };
                     let base = grp / 2 * LUT_PAIR_TABLE_BYTES + 16 * (grp % 2) + p;
-                    let got = i16::from_le_bytes([t[base], t[base + 32]]);
+                    let (l, h) = (t[base] as i8, t[base + 32] as i8);
+                    assert!((-16..=15).contains(&l) && (-12..=12).contains(&h), "{l}, {h}");
+                    let got = l as i16 + LUT_H_WEIGHT * h as i16;
                     assert_eq!(got, want, "cols {cols}, group {grp}, pattern {p}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn split_is_exact_and_complements_to_the_bias() {
+        for v in -384i16..=384 {
+            let (l, h) = lut_split(v);
+            assert!((-16..=15).contains(&l) && (-12..=12).contains(&h), "{v}: {l}, {h}");
+            assert_eq!(l as i16 + LUT_H_WEIGHT * h as i16, v);
+            // Complemented bytes: −v − bias. Both forms lie in l ∈ [−16, 15], h ∈ [−13, 12], so
+            // any eight of them sum within i8 ([−128, 120] and [−104, 96]).
+            let (nl, nh) = (!l, !h);
+            assert_eq!(nl as i32 + LUT_H_WEIGHT as i32 * nh as i32, -(v as i32) - LUT_NEGATION_BIAS);
+            assert!((-16..=15).contains(&nl) && (-13..=12).contains(&nh), "{v}: {nl}, {nh}");
         }
     }
 

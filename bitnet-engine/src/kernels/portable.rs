@@ -7,7 +7,7 @@ use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales}
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::formats::i2::{i2_position, I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
 use crate::formats::tq1::{tq1_digit, tq1_position};
-use crate::formats::tq1_lut::{LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS};
+use crate::formats::tq1_lut::{LUT_H_WEIGHT, LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS};
 use crate::formats::tq2::tq2_position;
 use crate::formats::{
     BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix, Tq2Matrix,
@@ -631,7 +631,7 @@ impl IsaOps for Portable {
 
     fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         // Group by group: the pattern index and sign from the repack, the pattern's sum from
-        // the token's table (low and high byte), added or subtracted.
+        // the token's table (its l and h bytes), added or subtracted.
         let batch = x.batch();
         for (i, r) in rows.enumerate() {
             for b in 0..batch {
@@ -640,7 +640,7 @@ impl IsaOps for Portable {
                 for g in 0..w.spans() * LUT_SPAN_GROUPS {
                     let (p, neg) = w.group_code(r, g);
                     let at = g / 2 * LUT_PAIR_TABLE_BYTES + 16 * (g % 2) + p as usize;
-                    let v = i16::from_le_bytes([table[at], table[at + 32]]) as i32;
+                    let v = table[at] as i8 as i32 + LUT_H_WEIGHT as i32 * table[at + 32] as i8 as i32;
                     isum += if neg { -v } else { v };
                 }
                 out[i * batch + b] = finish_blocks(w.scale(r).to_f64() * isum as f64, x.scale(b));

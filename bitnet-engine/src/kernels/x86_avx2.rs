@@ -14,7 +14,9 @@ use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
 use crate::formats::i2::{I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
-use crate::formats::tq1_lut::{LUT_PAIR_TABLE_BYTES, LUT_SPAN_BYTES, LUT_SPAN_GROUPS, LUT_TILE_ROWS};
+use crate::formats::tq1_lut::{
+    LUT_H_WEIGHT, LUT_NEGATION_BIAS, LUT_PAIR_TABLE_BYTES, LUT_SPAN_BYTES, LUT_SPAN_GROUPS, LUT_TILE_ROWS,
+};
 use crate::formats::{BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix, Tq2Matrix, QK_K};
 
 /// Proof that AVX2 + FMA + POPCNT + F16C are available.
@@ -1528,6 +1530,7 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
     let w2 = load(w2.as_ptr() as *const u8);
     let off = load(off.as_ptr() as *const u8);
     let flip = _mm256_set1_epi8(-128);
+    let (half_h, low_byte) = (_mm256_set1_epi16(LUT_H_WEIGHT / 2), _mm256_set1_epi16(0xff));
     // Per 128-bit lane: the 8 low bytes, then the 8 high bytes.
     let split = _mm256_setr_epi8(
         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
@@ -1535,9 +1538,13 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
     let group = |k: usize| -> __m256i {
         let ab = _mm256_xor_si256(_mm256_set1_epi16((x.as_ptr().add(k) as *const i16).read_unaligned()), flip);
         let c = _mm256_xor_si256(_mm256_set1_epi16((x.as_ptr().add(k + 2) as *const i16).read_unaligned()), flip);
-        let v = _mm256_add_epi16(_mm256_maddubs_epi16(ab, w01), _mm256_maddubs_epi16(c, w2));
-        // [low bytes of p 0–15 | high bytes of p 0–15]
-        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(_mm256_add_epi16(v, off), split))
+        let v = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ab, w01), _mm256_maddubs_epi16(c, w2)), off);
+        // h = (v + 16) >> 5 and l = v − 32h in one word as (l, h) bytes.
+        let h = _mm256_srai_epi16::<5>(_mm256_add_epi16(v, half_h));
+        let l = _mm256_sub_epi16(v, _mm256_slli_epi16::<5>(h));
+        let lh = _mm256_or_si256(_mm256_and_si256(l, low_byte), _mm256_slli_epi16::<8>(h));
+        // [l bytes of p 0–15 | h bytes of p 0–15]
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(lh, split))
     };
     for pr in 0..pairs {
         let (a, b) = (group(6 * pr), group(6 * pr + 3));
@@ -1548,8 +1555,8 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
 }
 
 /// Spans summed in i16 lanes before they are widened: a lane takes one group per pair, eight
-/// per span, each a looked-up sum or its complement in [−385, 384], so eight spans stay within
-/// 64 · 385 = 24 640.
+/// per span, each a looked-up sum or its complement in [−384 − 33, 384], so eight spans stay
+/// within 64 · 417 = 26 688.
 const LUT_I16_SPANS: usize = 8;
 
 /// The table-lookup TQ1 kernel (see `formats::tq1_lut`). One token: two 16-row tiles per pass
@@ -1578,7 +1585,7 @@ pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<
         for (j, &sum) in s.iter().enumerate() {
             let r = r0 + j;
             if rows.contains(&r) {
-                let dot = sum + w.negated(r);
+                let dot = sum + LUT_NEGATION_BIAS * w.negated(r);
                 out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
             }
         }
@@ -1622,13 +1629,14 @@ pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<
 }
 
 /// One token's outputs of rows `r..r+8` (all in the caller's range) from their sums, in
-/// vectors: the same operations as `finish_blocks(f16_to_f64(d) × (sum + negated) as f64,
+/// vectors: the same operations as `finish_blocks(f16_to_f64(d) × (sum + 33·negated) as f64,
 /// x_scale)` row by row (f16 → f32 → f64 exactly, one f64 product, one rounding to f32, one f32
 /// product). Done one row at a time, this epilogue had cost about 10 cycles a row, 5–8% of a
 /// 2560-wide row's lookups.
 #[inline(always)]
 unsafe fn lut_finish8(w: &Tq1LutMatrix, r: usize, sums: __m256i, x_scale: f32, out: *mut f32) {
-    let dot = _mm256_add_epi32(sums, load(w.negated_counts()[r..r + 8].as_ptr() as *const u8));
+    let negated = load(w.negated_counts()[r..r + 8].as_ptr() as *const u8);
+    let dot = _mm256_add_epi32(sums, _mm256_mullo_epi32(negated, _mm256_set1_epi32(LUT_NEGATION_BIAS)));
     let d = _mm256_cvtph_ps(_mm_loadu_si128(w.row_scales()[r..r + 8].as_ptr() as *const __m128i));
     let xs = _mm_set1_ps(x_scale);
     for h in 0..2 {
@@ -1646,12 +1654,14 @@ unsafe fn lut_finish8(w: &Tq1LutMatrix, r: usize, sums: __m256i, x_scale: f32, o
 const LUT_TOKENS: usize = 4;
 
 /// Σ over every span of R tiles (`src[i]`: the tile's bytes) against G tokens' tables: for
-/// each group pair, `vpshufb` looks up the 16 rows' patterns in the pair's low-byte and
-/// high-byte tables (lane half h holds group 2P + h), the sign mask complements negated ones,
-/// and unpacking low with high bytes gives i16 sums (rows 0–7 from the low halves of each
-/// lane, rows 8–15 from the high), added into two accumulators per tile and token. Returns
+/// each group pair, `vpshufb` looks up the 16 rows' patterns in the pair's l and h tables (lane
+/// half h holds group 2P + h), the sign mask complements negated ones, and the bytes are added
+/// in i8 lanes over the span's eight pairs (`tq1_lut`: both parts are small enough). Once per
+/// span, unpacking l with h bytes and `vpmaddubsw` by (1, 32) give each lane's i16 sum (rows
+/// 0–7 from the low halves of each lane, rows 8–15 from the high), added into two accumulators
+/// per tile and token. Per pair this is 2 ops fewer than widening every lookup to i16. Returns
 /// each tile's and token's row sums as i32 vectors (rows 0–7, rows 8–15), with every negated
-/// group counted as −v − 1 (the caller adds the row's negated count).
+/// group counted as −v − 33 (the caller adds `LUT_NEGATION_BIAS` × the row's negated count).
 #[inline(always)]
 unsafe fn lut_tiles<const R: usize, const G: usize>(
     src: [*const u8; R],
@@ -1660,13 +1670,16 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
     prefetch: bool,
 ) -> [[[__m256i; 2]; G]; R] {
     let low4 = _mm256_set1_epi8(0x0f);
+    let zero = _mm256_setzero_si256();
+    // Bytes (1, LUT_H_WEIGHT) per word: `vpmaddubsw` of an unpacked (l, h) pair is l + 32h.
+    let join = _mm256_set1_epi16((LUT_H_WEIGHT << 8) | 1);
     // Per tile and token: even and odd i16 words of the rows-0–7 and rows-8–15 accumulators,
     // widened to i32.
-    let mut wide = [[[_mm256_setzero_si256(); 4]; G]; R];
+    let mut wide = [[[zero; 4]; G]; R];
     let mut s = 0;
     while s < spans {
         let end = spans.min(s + LUT_I16_SPANS);
-        let mut acc = [[[_mm256_setzero_si256(); 2]; G]; R];
+        let mut acc = [[[zero; 2]; G]; R];
         while s < end {
             let off = s * LUT_SPAN_BYTES;
             if prefetch && s % 2 == 0 {
@@ -1681,41 +1694,53 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
                 }
             }
             let toff = s * LUT_SPAN_GROUPS / 2 * LUT_PAIR_TABLE_BYTES;
-            let mut sign = [_mm256_setzero_si256(); R];
+            // Pair p's sign is bit 7 − p of each byte, and the signs are doubled after each pair,
+            // so the current pair's is always bit 7, which `vpcmpgtb` against zero spreads over
+            // the byte: two ops per pair. (Pairs in descending order with bit p instead cost 40%
+            // at 4 tokens × 6912 columns: the tables, read backwards, were not prefetched.)
+            let mut sign = [zero; R];
             for i in 0..R {
                 sign[i] = load(src[i].add(off + 128));
             }
-            // Pair p's sign bit, `1 << p` in every byte, doubled per pair: as `set1(1 << p)` in
-            // the (not unrolled) loop it was a shift, a move and a broadcast per pair.
-            let mut bit = _mm256_set1_epi8(1);
+            // Per tile and token: the span's l sums and h sums, in i8 lanes.
+            let mut part = [[[zero; 2]; G]; R];
             for v in 0..4 {
-                let mut nib = [_mm256_setzero_si256(); R];
+                let mut nib = [zero; R];
                 for i in 0..R {
                     nib[i] = load(src[i].add(off + 32 * v));
                 }
                 for half in 0..2 {
                     let pair = 2 * v + half;
-                    let mut idx = [_mm256_setzero_si256(); R];
-                    let mut neg = [_mm256_setzero_si256(); R];
+                    let mut idx = [zero; R];
+                    let mut neg = [zero; R];
                     for i in 0..R {
                         idx[i] = if half == 0 {
                             _mm256_and_si256(nib[i], low4)
                         } else {
                             _mm256_and_si256(_mm256_srli_epi16::<4>(nib[i]), low4)
                         };
-                        neg[i] = _mm256_cmpeq_epi8(_mm256_and_si256(sign[i], bit), bit);
+                        neg[i] = _mm256_cmpgt_epi8(zero, sign[i]);
+                        sign[i] = _mm256_add_epi8(sign[i], sign[i]);
                     }
                     for g in 0..G {
-                        let t_lo = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES));
-                        let t_hi = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES + 32));
+                        let t_l = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES));
+                        let t_h = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES + 32));
                         for i in 0..R {
-                            let lo = _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, idx[i]), neg[i]);
-                            let hi = _mm256_xor_si256(_mm256_shuffle_epi8(t_hi, idx[i]), neg[i]);
-                            acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], _mm256_unpacklo_epi8(lo, hi));
-                            acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], _mm256_unpackhi_epi8(lo, hi));
+                            let l = _mm256_xor_si256(_mm256_shuffle_epi8(t_l, idx[i]), neg[i]);
+                            let h = _mm256_xor_si256(_mm256_shuffle_epi8(t_h, idx[i]), neg[i]);
+                            part[i][g][0] = _mm256_add_epi8(part[i][g][0], l);
+                            part[i][g][1] = _mm256_add_epi8(part[i][g][1], h);
                         }
                     }
-                    bit = _mm256_add_epi8(bit, bit);
+                }
+            }
+            for i in 0..R {
+                for g in 0..G {
+                    let [l, h] = part[i][g];
+                    let lo = _mm256_maddubs_epi16(join, _mm256_unpacklo_epi8(l, h));
+                    let hi = _mm256_maddubs_epi16(join, _mm256_unpackhi_epi8(l, h));
+                    acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], lo);
+                    acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], hi);
                 }
             }
             s += 1;
