@@ -292,12 +292,15 @@ fn extreme_activations_equal_oracle() {
 fn sums_at_the_integer_limits_equal_oracle() {
     // Every weight of a row the same and every activation at the same extreme: the largest
     // sums a row can have, which a kernel's narrow (i16) partial sums must hold before they
-    // are widened. Rows of +1 and −1 against 127 and −128, over long rows (27 blocks).
+    // are widened. Rows of +1 and −1 against 127 and −128, over long rows (27 blocks). Also
+    // 16, −16 and 5: the TQ1 lookup tables' l bytes of ±48 and ±15 (plain and complemented)
+    // are −16 and 15, so its i8 span sums reach −128 and 120. 32 rows: two whole 16-row tiles,
+    // the one-token two-tile path and its vector epilogue.
     let kernels = kernels_under_test();
-    let (rows, k) = (6, 6912);
+    let (rows, k) = (32, 6912);
     let values: Vec<i8> = (0..rows * k).map(|i| if (i / k) % 2 == 0 { 1 } else { -1 }).collect();
     let m = TernaryMatrix::new(rows, k, values, 1.0).unwrap();
-    for fill in [127i8, -128] {
+    for fill in [127i8, -128, 16, -16, 5] {
         for b in [1usize, 2, 5, 8] {
             let mut x = ActivationBatch::new(b, k).unwrap();
             x.set_quantized(&vec![fill; b * k], &vec![0.5; b]).unwrap();

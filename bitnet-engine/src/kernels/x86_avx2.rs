@@ -1502,7 +1502,8 @@ unsafe fn tq1_digit_tile<const R: usize, const G: usize>(
 /// One token's lookup tables (`tq1_lut::build_token_tables_portable` is the definition), a
 /// group pair per step: each group's 16 sums in i16 lanes from two `vpmaddubsw` against
 /// constant trit pairs (activations offset to unsigned, the offset taken back by a constant),
-/// then split into low and high bytes and the pair's two tables interleaved. The portable loop
+/// then split into (l, h) bytes (`tq1_lut::lut_split`) and the pair's two tables interleaved.
+/// The portable loop
 /// took 14 ns a group, serial on the calling thread: 2 ms of a 32 ms 2B4T decode step.
 pub(crate) fn build_lut_tables(_t: Avx2, x: &[i8], dst: &mut [u8]) {
     // SAFETY: the token proves AVX2; `build_lut_pairs` reads x only below `x.len()` and writes
@@ -1531,7 +1532,7 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
     let off = load(off.as_ptr() as *const u8);
     let flip = _mm256_set1_epi8(-128);
     let (half_h, low_byte) = (_mm256_set1_epi16(LUT_H_WEIGHT / 2), _mm256_set1_epi16(0xff));
-    // Per 128-bit lane: the 8 low bytes, then the 8 high bytes.
+    // Per 128-bit lane: the words' 8 low (l) bytes, then their 8 high (h) bytes.
     let split = _mm256_setr_epi8(
         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
     );
