@@ -1,13 +1,16 @@
 //! Kernel throughput sweep: every kernel on one model's matrix shapes (BitNet b1.58 2B4T's by
 //! default), in cache and streaming from DRAM, quoted against the memory-bandwidth probe and the
 //! scalar oracle measured in the same run (these machines are shared and noisy: ratios, not
-//! absolutes).
+//! absolutes). Also the LM head as llama.cpp's quantizer stores it (Q6_K rows, vocabulary ×
+//! hidden), which is 16–31% of a decode step.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
-use bitnet_engine::{ActivationBatch, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights, WeightFormat};
+use bitnet_engine::formats::Q6kRows;
+use bitnet_engine::kernels::q6k_rows_matmul;
+use bitnet_engine::{ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights};
 
 /// The preset whose linear-layer shapes the sweep runs unless told otherwise.
 pub const DEFAULT_SHAPES: &str = "bitnet-b1.58-2b-4t";
@@ -15,6 +18,23 @@ pub const DEFAULT_SHAPES: &str = "bitnet-b1.58-2b-4t";
 /// The linear-layer shapes (name, N outputs, K inputs) of the preset `name`.
 pub fn preset_shapes(name: &str) -> Result<Vec<(String, usize, usize)>> {
     Ok(ModelConfig::preset(name).with_context(|| format!("--shapes {name}"))?.linear_shapes())
+}
+
+/// The LM head's shape (vocabulary rows, hidden columns) of the preset `name`.
+pub fn preset_head(name: &str) -> Result<(usize, usize)> {
+    let c = ModelConfig::preset(name).with_context(|| format!("--shapes {name}"))?;
+    Ok((c.vocab, c.hidden))
+}
+
+/// Rows of the head's in-cache case: 2048 × 2560 Q6_K is 4.3 MB, in the LLC like the linear
+/// shapes' in-cache cases.
+pub const HEAD_CACHE_ROWS: usize = 2048;
+
+/// Name of the head's kernel at an ISA level, as the table shows it. The head has no AVX-512
+/// path: that level runs the AVX2 loop and is named so.
+pub fn head_kernel_name(isa: IsaLevel) -> String {
+    let level = if isa >= IsaLevel::Avx2 { IsaLevel::Avx2 } else { IsaLevel::Scalar };
+    format!("q6k_head/{}", level.name())
 }
 
 /// What to run.
@@ -34,6 +54,12 @@ pub struct SweepOptions {
     pub probe_bytes: usize,
     /// Shapes to run in cache (name, N, K); the streaming case uses the one with most weights.
     pub shapes: Vec<(String, usize, usize)>,
+    /// The LM head's (vocabulary, hidden), or None to skip it: [`HEAD_CACHE_ROWS`] rows in
+    /// cache at each of `head_isas` (scalar included: the head's own oracle), and the whole head
+    /// streamed at the fastest of them.
+    pub head: Option<(usize, usize)>,
+    /// ISA levels of the head's runs.
+    pub head_isas: Vec<IsaLevel>,
 }
 
 impl Default for SweepOptions {
@@ -46,6 +72,8 @@ impl Default for SweepOptions {
             streaming_bytes: 512 << 20,
             probe_bytes: bitnet_engine::bandwidth::DEFAULT_PROBE_BYTES,
             shapes: preset_shapes(DEFAULT_SHAPES).expect("a known preset"),
+            head: Some(preset_head(DEFAULT_SHAPES).expect("a known preset")),
+            head_isas: vec![IsaLevel::Scalar, IsaLevel::best()],
         }
     }
 }
@@ -54,7 +82,8 @@ impl Default for SweepOptions {
 #[derive(Debug, Clone)]
 pub struct KernelResult {
     pub kernel: String,
-    pub format: WeightFormat,
+    /// The weight format's name (`WeightFormat::name`, or `q6_k` for the head).
+    pub format: String,
     pub shape: String,
     pub rows: usize,
     pub cols: usize,
@@ -124,7 +153,7 @@ fn result(kernel: Kernel, w: &PackedWeights, shape: &str, batch: usize, streamin
     let bytes = kernel.bytes_read(w);
     KernelResult {
         kernel: kernel.name(),
-        format: w.format(),
+        format: w.format().name().to_string(),
         shape: shape.to_string(),
         rows: w.rows(),
         cols: w.cols(),
@@ -210,8 +239,69 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
             }
         }
     }
+    if let Some((vocab, hidden)) = opts.head {
+        head_cases(opts, vocab, hidden, &mut |r| {
+            progress(&r);
+            results.push(r);
+        })?;
+    }
     probes.push(measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?);
     Ok(SweepReport { probes, results })
+}
+
+/// The LM head's cases (see [`SweepOptions::head`]).
+fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl FnMut(KernelResult)) -> Result<()> {
+    let mut isas: Vec<IsaLevel> = opts.head_isas.iter().map(|&i| i.min(IsaLevel::Avx2)).collect();
+    isas.sort();
+    isas.dedup();
+    let case = |m: &Q6kRows, isa: IsaLevel, shape: &str, b: usize, streaming: bool, secs: f64| KernelResult {
+        kernel: head_kernel_name(isa),
+        format: "q6_k".to_string(),
+        shape: shape.to_string(),
+        rows: m.rows(),
+        cols: m.cols(),
+        batch: b,
+        streaming,
+        bytes_per_call: m.byte_len(),
+        secs_per_call: secs,
+        gbps: m.byte_len() as f64 / secs / 1e9,
+        row_products_per_sec: (m.rows() * b) as f64 / secs,
+    };
+    let rows = HEAD_CACHE_ROWS.min(vocab);
+    let m = Q6kRows::random(rows, hidden, 0.02, 7)?;
+    let shape = format!("head {rows}x{hidden}");
+    for &isa in &isas {
+        for &b in &opts.batches {
+            let x = activations(b, hidden)?;
+            let mut out = vec![0f32; rows * b];
+            let (min_time, samples) =
+                if isa == IsaLevel::Scalar { (Duration::from_millis(1), 3) } else { (opts.min_time, opts.samples) };
+            let secs = time_calls(min_time, samples, || Ok(q6k_rows_matmul(isa, &m, &x, 0..rows, &mut out)?))?;
+            push(case(&m, isa, &shape, b, false, secs));
+        }
+    }
+    // The whole head, streamed as in decode, at the fastest level (the scalar loop streamed
+    // would take seconds per call). Copies up to the streaming size, at least two, so no call
+    // finds its head in the LLC (large's head is 40 MB).
+    let fastest = *isas.last().expect("at least one level");
+    if opts.streaming_bytes == 0 || fastest == IsaLevel::Scalar {
+        return Ok(());
+    }
+    let one = Q6kRows::random(vocab, hidden, 0.02, 0)?;
+    let count = opts.streaming_bytes.div_ceil(one.byte_len()).max(2);
+    let set: Vec<Q6kRows> = vec![one; count];
+    let shape = format!("stream {count}x head {vocab}x{hidden}");
+    for &b in &opts.batches {
+        let x = activations(b, hidden)?;
+        let mut out = vec![0f32; vocab * b];
+        let mut i = 0usize;
+        let secs = time_calls(opts.min_time.max(Duration::from_millis(200)), opts.samples, || {
+            i = (i + 1) % set.len();
+            Ok(q6k_rows_matmul(fastest, &set[i], &x, 0..vocab, &mut out)?)
+        })?;
+        push(case(&set[0], fastest, &shape, b, true, secs));
+    }
+    Ok(())
 }
 
 /// A plain-text table of a sweep, with ratios against the probe and the oracle.
@@ -241,21 +331,27 @@ pub fn table(report: &SweepReport) -> String {
         "", "", "", "", "", "", "", "", ""
     );
     for r in &report.results {
-        let oracle = report
-            .results
-            .iter()
-            .find(|o| o.kernel.starts_with("scalar/") && o.shape == r.shape && o.batch == r.batch)
-            .or_else(|| {
-                report.results.iter().find(|o| {
-                    o.kernel.starts_with("scalar/") && o.rows == r.rows && o.cols == r.cols && o.batch == r.batch
-                })
+        // The scalar family's kernels; for the head, its own scalar loop.
+        let is_oracle = |o: &KernelResult| {
+            if r.format == "q6_k" {
+                o.kernel == head_kernel_name(IsaLevel::Scalar)
+            } else {
+                o.kernel.starts_with("scalar/")
+            }
+        };
+        let oracle =
+            report.results.iter().find(|o| is_oracle(o) && o.shape == r.shape && o.batch == r.batch).or_else(|| {
+                report
+                    .results
+                    .iter()
+                    .find(|o| is_oracle(o) && o.rows == r.rows && o.cols == r.cols && o.batch == r.batch)
             });
         let speedup = oracle.map(|o| format!("{:.1}", o.secs_per_call / r.secs_per_call)).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             s,
             "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9.1} | {:>7.2} | {:>8.0}% | {:>10.1} | {:>9} |",
             r.kernel,
-            r.format.name(),
+            r.format,
             r.shape,
             r.batch,
             r.secs_per_call * 1e6,

@@ -249,6 +249,13 @@ struct KernelArgs {
     /// Quick run: shorter timings, 64 MiB probe, no streaming case (for smoke tests only).
     #[arg(long)]
     quick: bool,
+    /// Also run the LM head (Q6_K rows, the --shapes preset's vocabulary × hidden): 2048 rows
+    /// in cache and the whole head streamed. On by default when --kernels is not given.
+    #[arg(long, conflicts_with = "no_head")]
+    head: bool,
+    /// Skip the LM head.
+    #[arg(long)]
+    no_head: bool,
 }
 
 fn main() -> ExitCode {
@@ -361,9 +368,17 @@ fn run(cli: Cli) -> Result<()> {
         }
         None => return model_sweep(cli.sweep),
     };
+    let run_head = args.head || (args.kernels.is_empty() && !args.no_head);
+    let mut head_isas = vec![IsaLevel::Scalar];
+    head_isas.extend(args.isa.iter().filter(|i| i.is_supported()));
+    if args.isa.is_empty() {
+        head_isas.push(IsaLevel::best());
+    }
     let mut opts = SweepOptions {
         batches: args.batch.clone(),
         shapes: kernel_sweep::preset_shapes(&args.shapes)?,
+        head: if run_head { Some(kernel_sweep::preset_head(&args.shapes)?) } else { None },
+        head_isas,
         ..Default::default()
     };
     opts.kernels.retain(|k| {
@@ -392,10 +407,11 @@ fn run(cli: Cli) -> Result<()> {
         );
     }
     eprintln!(
-        "bitnet-bench kernels: {} kernels × {} shapes × B {:?}; CPU ISA best: {}",
+        "bitnet-bench kernels: {} kernels × {} shapes × B {:?}{}; CPU ISA best: {}",
         opts.kernels.len(),
         opts.shapes.len(),
         opts.batches,
+        if opts.head.is_some() { ", and the LM head" } else { "" },
         IsaLevel::best()
     );
     let report = kernel_sweep::run(&opts, |r| {

@@ -31,6 +31,33 @@ fn quick_kernel_sweep_prints_a_table_with_the_probe_and_ratios() {
 }
 
 #[test]
+fn kernel_sweep_runs_the_lm_head_against_its_scalar_loop() {
+    let args = ["kernels", "--quick", "--kernels", "i2s", "--isa", "avx2", "--batch", "1", "--head"];
+    let out = bench().args(args).output().unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let head: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| q6k_head/"))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    // 2B4T's head is 128256 × 2560; --quick runs 2048 rows in cache, no streaming case.
+    let avx2 = bitnet_engine::IsaLevel::Avx2.is_supported();
+    assert_eq!(head.len(), if avx2 { 2 } else { 1 }, "{stdout}");
+    assert_eq!(&head[0][..3], &["q6k_head/scalar", "q6_k", "head 2048x2560"], "{stdout}");
+    assert_eq!(head[0][8], "1.0", "the scalar loop is its own oracle: {stdout}");
+    if avx2 {
+        assert_eq!(&head[1][..3], &["q6k_head/avx2", "q6_k", "head 2048x2560"], "{stdout}");
+        let speedup: f64 = head[1][8].parse().unwrap();
+        assert!(speedup > 1.0, "{stdout}");
+    }
+    // Without --head, naming --kernels leaves the head out.
+    let out =
+        bench().args(["kernels", "--quick", "--kernels", "i2s", "--isa", "scalar", "--batch", "1"]).output().unwrap();
+    assert!(!String::from_utf8(out.stdout).unwrap().contains("q6k_head"));
+}
+
+#[test]
 fn kernel_sweep_runs_another_presets_shapes() {
     let args =
         ["kernels", "--quick", "--kernels", "i2s", "--isa", "scalar", "--batch", "1", "--shapes", "bitnet-b1.58-large"];
