@@ -149,6 +149,16 @@ fn time_calls(min_time: Duration, samples: usize, mut f: impl FnMut() -> Result<
     Ok(v[v.len() / 2])
 }
 
+/// [`time_calls`] of `f(i)` over copies `i` = 0, 1, … in turn, so that each call finds its
+/// weights evicted from the LLC by the others (as batch-1 decode does); at least 200 ms a sample.
+fn time_streamed(opts: &SweepOptions, copies: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    let mut i = 0usize;
+    time_calls(opts.min_time.max(Duration::from_millis(200)), opts.samples, || {
+        i = (i + 1) % copies;
+        f(i)
+    })
+}
+
 fn result(kernel: Kernel, w: &PackedWeights, shape: &str, batch: usize, streaming: bool, secs: f64) -> KernelResult {
     let bytes = kernel.bytes_read(w);
     KernelResult {
@@ -228,9 +238,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
             for &b in &opts.batches {
                 let x = activations(b, k)?;
                 let mut out = vec![0f32; n * b];
-                let mut i = 0usize;
-                let secs = time_calls(opts.min_time.max(Duration::from_millis(200)), opts.samples, || {
-                    i = (i + 1) % set.len();
+                let secs = time_streamed(opts, set.len(), |i| {
                     Ok(kernel.matmul(&set[i], &x, 0..n, &mut out, &mut scratch)?)
                 })?;
                 let r = result(kernel.for_batch(b), &set[0], &format!("stream {count}x {n}x{k}"), b, true, secs);
@@ -294,11 +302,7 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
     for &b in &opts.batches {
         let x = activations(b, hidden)?;
         let mut out = vec![0f32; vocab * b];
-        let mut i = 0usize;
-        let secs = time_calls(opts.min_time.max(Duration::from_millis(200)), opts.samples, || {
-            i = (i + 1) % set.len();
-            Ok(q6k_rows_matmul(fastest, &set[i], &x, 0..vocab, &mut out)?)
-        })?;
+        let secs = time_streamed(opts, set.len(), |i| Ok(q6k_rows_matmul(fastest, &set[i], &x, 0..vocab, &mut out)?))?;
         push(case(&set[0], fastest, &shape, b, true, secs));
     }
     Ok(())
