@@ -375,8 +375,9 @@ impl Kernel {
     /// [`LUT_MAX_BATCH`] tokens, which runs the same family's fused form. A lookup table is per
     /// token and its build and reads cost per token; the fused kernel decodes each row's digits
     /// once for the whole batch. Zen 3, `bitnet-bench kernels`, TQ1 2B4T shapes, µs per call of
-    /// q/o, k/v, gate/up, down (lut / fused), before the lut's batched epilogue was in vectors: B=8 661/710, 165/186, 1957/3100 (noisy), 2217/1959;
-    /// B=16 1335/1186, 366/304, 5259/5295, 4443/3245; B=128 fused 1.4–2.2× ahead. Since the
+    /// q/o, k/v, gate/up, down (lut / fused), before the lut's batched epilogue was in vectors:
+    /// B=8 661/710, 165/186, 1957/3100 (noisy), 2217/1959; B=16 1335/1186, 366/304, 5259/5295,
+    /// 4443/3245; B=128 fused 1.4–2.2× ahead. Since the
     /// lut's batched epilogue is in vectors (Mrow·tok/s, lut / fused): B=8 q/o 43.8/30.9, down
     /// 15.3/11.9; B=12–16 q/o 39.6–42.6/35.1–37.9 but down 11.4–14.8/13.6–14.6 (noisy), so the
     /// limit stays at 8.
