@@ -207,6 +207,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
         },
         system: System {
             cpu_model: first.cpu_info.clone(),
+            cpu_id: None,
             physical_cores: 0,
             logical_cpus: 0,
             isa: vec![],

@@ -61,7 +61,7 @@ fn row(r: &BenchResult) -> [String; 16] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights{}, {}) on {} ({} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
@@ -70,7 +70,10 @@ pub fn header(r: &Report) -> String {
             _ => String::new(),
         },
         r.model.source,
-        s.cpu_model,
+        match &s.cpu_id {
+            Some(id) => format!("{} ({id}; ", s.cpu_model),
+            None => format!("{} (", s.cpu_model),
+        },
         s.physical_cores,
         s.logical_cpus,
         r.roofline.read_bandwidth_gbps,

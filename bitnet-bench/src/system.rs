@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 pub struct System {
     /// `model name` of /proc/cpuinfo.
     pub cpu_model: String,
+    /// The CPU's CPUID identity (absent from older and imported reports): VMs give several
+    /// generations one brand string ("AMD EPYC" on Zen 3, 4 and 5), whose figures differ by up
+    /// to 2×.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_id: Option<CpuIdentity>,
     pub physical_cores: usize,
     pub logical_cpus: usize,
     /// ISA levels the chosen kernels used (e.g. `avx512`), then the CPU's relevant features.
@@ -36,6 +41,29 @@ pub struct System {
     /// Whether worker threads were pinned to cores.
     pub pinned: bool,
     pub rustc: String,
+}
+
+/// Vendor, family, model and stepping as CPUID gives them (display family and model, the
+/// numbers /proc/cpuinfo shows), and the microarchitecture where the family tells it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CpuIdentity {
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+    pub stepping: u32,
+    /// e.g. `zen4`; absent where the family does not tell it (every non-AMD CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microarchitecture: Option<String>,
+}
+
+impl std::fmt::Display for CpuIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(m) = &self.microarchitecture {
+            write!(f, "{m}, ")?;
+        }
+        write!(f, "{} family {} model {} stepping {}", self.vendor, self.family, self.model, self.stepping)
+    }
 }
 
 fn read(p: &str) -> Option<String> {
@@ -106,6 +134,13 @@ pub fn fingerprint(isa_used: &[IsaLevel], pinned: bool) -> System {
         });
     System {
         cpu_model: field("model name").unwrap_or_else(|| "unknown".into()),
+        cpu_id: bitnet_engine::cpu::CpuId::current().map(|c| CpuIdentity {
+            vendor: c.vendor.clone(),
+            family: c.family,
+            model: c.model,
+            stepping: c.stepping,
+            microarchitecture: c.microarchitecture().map(str::to_string),
+        }),
         physical_cores: if cores.is_empty() { logical } else { cores.len() },
         logical_cpus: logical,
         isa,

@@ -121,6 +121,13 @@ fn sweep(stop_after: Option<usize>) -> Report {
     r.tool.git_dirty = Some(false);
     r.system = system::System {
         cpu_model: "Test CPU".into(),
+        cpu_id: Some(system::CpuIdentity {
+            vendor: "AuthenticAMD".into(),
+            family: 25,
+            model: 17,
+            stepping: 1,
+            microarchitecture: Some("zen4".into()),
+        }),
         physical_cores: 2,
         logical_cpus: 2,
         isa: vec!["avx512".into()],

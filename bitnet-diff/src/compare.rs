@@ -260,6 +260,9 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         }
     };
     diff("CPU model", a.system.cpu_model.clone(), b.system.cpu_model.clone());
+    if let (Some(x), Some(y)) = (&a.system.cpu_id, &b.system.cpu_id) {
+        diff("CPU (CPUID)", x.to_string(), y.to_string());
+    }
     // VMs may give every CPU generation one name (our Zen 4 and Zen 5 VMs both say "AMD EPYC",
     // with up to 2x apart in bandwidth and multiply-add rate); caches and features tell them
     // apart. Compared only where both reports know them (an imported llama-bench report doesn't).

@@ -136,6 +136,20 @@ fn added_removed_and_environment() {
     assert_eq!(code, 0);
     assert!(err.contains("warning: L1d cache differs: 32 KiB vs 48 KiB"), "{err}");
     assert!(err.contains("warning: CPU feature list differs"), "{err}");
+    // The same name, caches and features on another core: told apart by CPUID (Zen 4 against
+    // Zen 5 VMs); unknown on one side (older reports) is not a difference.
+    let id = |family: u32, micro: &str| {
+        serde_json::json!({"vendor": "AuthenticAMD", "family": family, "model": 17, "stepping": 1,
+                           "microarchitecture": micro})
+    };
+    let zen4 = edited(&d, "zen4.json", |v| v["system"]["cpu_id"] = id(25, "zen4"));
+    let zen5 = edited(&d, "zen5.json", |v| v["system"]["cpu_id"] = id(26, "zen5"));
+    let (code, _, err) = run(&[&zen4, &zen5]);
+    assert_eq!(code, 0);
+    let want = "warning: CPU (CPUID) differs: zen4, AuthenticAMD family 25 model 17 stepping 1 vs zen5, AuthenticAMD family 26";
+    assert!(err.contains(want), "{err}");
+    let (_, _, err) = run(&[&data("quiet.json"), &zen5]);
+    assert!(!err.contains("CPUID"), "{err}");
     // Unknown on one side (as in an imported llama-bench report): not a difference.
     let unknown = edited(&d, "unknown.json", |v| {
         v["system"]["l1d_kib"] = serde_json::Value::Null;

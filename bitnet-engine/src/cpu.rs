@@ -123,6 +123,76 @@ pub fn detected_features() -> Vec<(&'static str, bool)> {
         .collect()
 }
 
+/// The CPU's identity from CPUID: vendor string, display family and model (extended fields
+/// folded in, as the vendors' manuals define them) and stepping. Several machine kinds report
+/// the same brand string ("AMD EPYC" on Zen 3, Zen 4 and Zen 5 VMs), and their figures differ by
+/// up to 2× (Zen 4 runs 512-bit operations on 256-bit units), so reports record this too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuId {
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+    pub stepping: u32,
+    /// Whether the CPU reports AVX-512F (tells Zen 4 from Zen 3 within AMD family 0x19).
+    pub avx512f: bool,
+}
+
+impl CpuId {
+    /// This CPU's identity (read once), or `None` off x86-64.
+    pub fn current() -> Option<&'static CpuId> {
+        static ID: OnceLock<Option<CpuId>> = OnceLock::new();
+        ID.get_or_init(read_cpuid).as_ref()
+    }
+
+    /// The core microarchitecture, where the family alone tells it: AMD's families 0x17 (Zen,
+    /// Zen 2), 0x19 (Zen 3, or Zen 4 where AVX-512 is present: Zen 3 has none) and 0x1A (Zen 5).
+    /// `None` for other vendors and families (no model table is kept).
+    pub fn microarchitecture(&self) -> Option<&'static str> {
+        if self.vendor != "AuthenticAMD" {
+            return None;
+        }
+        match self.family {
+            0x17 => Some("zen/zen2"),
+            0x19 if self.avx512f => Some("zen4"),
+            0x19 => Some("zen3"),
+            0x1A => Some("zen5"),
+            _ => None,
+        }
+    }
+}
+
+/// Whether this CPU runs 512-bit vector operations as two 256-bit halves (AMD Zen 4): there a
+/// zmm `vpdpbusd` costs what two ymm ones do, so AVX-512 kernels gain little over AVX2 ones of
+/// fewer operations (see `KernelFamily::default_form`).
+pub fn avx512_on_256_bit_units() -> bool {
+    CpuId::current().is_some_and(|c| c.microarchitecture() == Some("zen4"))
+}
+
+#[cfg(target_arch = "x86_64")]
+fn read_cpuid() -> Option<CpuId> {
+    use std::arch::x86_64::__cpuid;
+    // CPUID exists on every x86-64 CPU (a safe intrinsic there); leaves 0 and 1 always do.
+    let (l0, l1) = (__cpuid(0), __cpuid(1));
+    let vendor: Vec<u8> = [l0.ebx, l0.edx, l0.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+    let base_family = (l1.eax >> 8) & 0xF;
+    let family = if base_family == 0xF { base_family + ((l1.eax >> 20) & 0xFF) } else { base_family };
+    let base_model = (l1.eax >> 4) & 0xF;
+    let model =
+        if base_family == 0x6 || base_family == 0xF { base_model | ((l1.eax >> 16) & 0xF) << 4 } else { base_model };
+    Some(CpuId {
+        vendor: String::from_utf8_lossy(&vendor).into_owned(),
+        family,
+        model,
+        stepping: l1.eax & 0xF,
+        avx512f: detected("avx512f"),
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn read_cpuid() -> Option<CpuId> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +205,36 @@ mod tests {
             assert_eq!(l.is_supported(), l.unsupported_reason().is_none());
         }
         assert!(matches!("sse".parse::<IsaLevel>(), Err(Error::UnknownName { .. })));
+    }
+
+    /// CPUID agrees with what the kernel read from it into /proc/cpuinfo.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn cpuid_matches_proc_cpuinfo() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let field = |name: &str| {
+            info.lines()
+                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+                .unwrap()
+        };
+        let id = CpuId::current().unwrap();
+        assert_eq!(id.vendor, field("vendor_id"));
+        assert_eq!(id.family.to_string(), field("cpu family"));
+        assert_eq!(id.model.to_string(), field("model"));
+        assert_eq!(id.stepping.to_string(), field("stepping"));
+    }
+
+    #[test]
+    fn microarchitecture_by_family() {
+        let amd = |family, avx512f| CpuId { vendor: "AuthenticAMD".into(), family, model: 1, stepping: 0, avx512f };
+        assert_eq!(amd(0x1A, true).microarchitecture(), Some("zen5"));
+        assert_eq!(amd(0x19, true).microarchitecture(), Some("zen4"));
+        assert_eq!(amd(0x19, false).microarchitecture(), Some("zen3"));
+        assert_eq!(amd(0x17, false).microarchitecture(), Some("zen/zen2"));
+        assert_eq!(amd(0x15, false).microarchitecture(), None);
+        let intel = CpuId { vendor: "GenuineIntel".into(), family: 6, model: 0x8F, stepping: 8, avx512f: true };
+        assert_eq!(intel.microarchitecture(), None);
     }
 }
