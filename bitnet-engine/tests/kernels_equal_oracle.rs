@@ -323,7 +323,7 @@ fn row_ranges_write_only_their_slice() {
     // Ranges that cut tiles, and ranges that start mid-tile but hold whole 16-row tiles (the
     // lut kernel finishes those in vectors, its outputs `batch` apart from `rows.start`). 544
     // columns for the formats that take any width, 512 for the 256-block ones (TQ1_0, TQ2_0).
-    for (k, b) in [(544, 1), (544, 3), (512, 1), (512, 3), (512, 5)] {
+    for (k, b) in [(544, 1), (544, 3), (512, 1), (512, 3), (512, 5), (512, 9)] {
         let m = TernaryMatrix::random(64, k, 0.1, 5);
         let x = activations(b, k, 6);
         for (kernel, format) in kernels_under_test() {
@@ -627,15 +627,16 @@ fn scratch_made_for_the_kernels_never_grows_and_holds_only_what_they_read() {
             }
             let none = ScratchNeeds::default();
             match (kernel.family(), kernel.isa(), kernel.form()) {
-                (KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Fused) => {
+                // Reordered activations for small batches, decoded rows for large ones.
+                (KernelFamily::Tq1, IsaLevel::Avx2 | IsaLevel::Avx512, KernelForm::Fused) => {
                     assert!(made.reordered > 0 && made.unpacked > 0, "{kernel}: {made:?}")
                 }
                 // Lookups up to LUT_MAX_BATCH, the decoded-rows kernel above: no reordering.
-                (KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut) => {
+                (KernelFamily::Tq1, IsaLevel::Avx2 | IsaLevel::Avx512, KernelForm::Lut) => {
                     assert!(made.reordered == 0 && made.unpacked > 0, "{kernel}: {made:?}");
                     assert_eq!(kernel.scratch_needs(padded, LUT_MAX_BATCH), none, "{kernel}");
                 }
-                (KernelFamily::Tq1 | KernelFamily::Tq2, IsaLevel::Avx512, KernelForm::Fused) => {}
+                (KernelFamily::Tq2, IsaLevel::Avx512, KernelForm::Fused) => {}
                 _ => assert_eq!(made, none, "{kernel} reads no scratch"),
             }
         }

@@ -122,12 +122,18 @@ impl KernelFamily {
     /// faster. The AVX2 and AVX-512 `tq1` kernels extract digits in registers and have no such
     /// buffer (AVX2, in cache: fused 1.5-2.3× split for 1, 2 and 8 tokens). On AVX2 `tq1`
     /// looks sums up instead (`lut`: 1.86× fused for one token on Zen 3, 2B4T shapes in cache,
-    /// and no slower for batches); AVX-512 keeps its fused `vpdpbusd` kernel, which `lut` has not
-    /// been measured against on an AVX-512 machine.
+    /// and no slower for batches). At AVX-512 it depends on the core
+    /// ([`cpu::avx512_on_256_bit_units`](crate::cpu::avx512_on_256_bit_units)): Zen 4 runs a zmm
+    /// `vpdpbusd` as two 256-bit halves, and there `lut` (the AVX2 code) beats the fused
+    /// `vpdpbusd` kernel (`bitnet-bench kernels`, 2B4T shapes, one thread, GB/s in cache: one
+    /// token 23.0–23.5 against 17.3–20.5, eight tokens 51–52 against 45–46 Mrow·tok/s on
+    /// 2560-wide rows); cores with full-width AVX-512 (Zen 5, where the fused kernel read 80–95%
+    /// of the bandwidth) keep the fused form, which `lut` has not been measured against there.
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
         match (self, isa) {
             (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
             (KernelFamily::Tq1, IsaLevel::Avx2) => KernelForm::Lut,
+            (KernelFamily::Tq1, IsaLevel::Avx512) if crate::cpu::avx512_on_256_bit_units() => KernelForm::Lut,
             _ => KernelForm::Fused,
         }
     }
@@ -419,15 +425,24 @@ impl Kernel {
                     0
                 },
             },
-            // One token: row-stream digit order; more: per-block digit order for each token.
-            (KernelFamily::Tq1, IsaLevel::Avx512) => ScratchNeeds {
-                reordered: if batch > 1 {
-                    (batch * blocks * portable::TQ1_DIGIT_BLOCK).max(row_order)
-                } else {
-                    row_order
-                },
-                unpacked: 0,
-            },
+            // One token: row-stream digit order; up to two token groups: per-block digit order
+            // for each token; more: the repacked row block.
+            #[cfg(target_arch = "x86_64")]
+            (KernelFamily::Tq1, IsaLevel::Avx512) => {
+                let digits = batch.min(x86_avx512::TQ1_REPACK_MIN_BATCH - 1);
+                ScratchNeeds {
+                    reordered: match (fused_from, digits) {
+                        (f, _) if f >= x86_avx512::TQ1_REPACK_MIN_BATCH => 0,
+                        (1, 1) => row_order,
+                        _ => (digits * blocks * portable::TQ1_DIGIT_BLOCK).max(row_order),
+                    },
+                    unpacked: if batch >= x86_avx512::TQ1_REPACK_MIN_BATCH {
+                        x86_avx512::tq1_repack_scratch_bytes(padded_cols)
+                    } else {
+                        0
+                    },
+                }
+            }
             // One token: the activations in the codes' lane order.
             (KernelFamily::Tq2, IsaLevel::Avx512) => ScratchNeeds { reordered: padded_cols, unpacked: 0 },
             _ => none,
@@ -974,7 +989,8 @@ pub(crate) fn attention_scores_group<K: KeyElem>(
             return K::scores_group_avx2(t, qs, keys, scale, out, n, ahead);
         }
     }
-    for (g, (q, o)) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n)).enumerate() {
+    // n.max(1): no positions is no scores to write (chunks of 0 would panic).
+    for (g, (q, o)) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))).enumerate() {
         attention_scores(q, keys, scale, o, if g == 0 { ahead } else { &[] });
     }
 }

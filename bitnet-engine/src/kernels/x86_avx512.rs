@@ -93,8 +93,8 @@ impl IsaOps for Avx512 {
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { xnor_fused(w, x, rows, out) }
     }
-    /// The AVX2 kernel: no 512-bit version yet (none could be measured on the AVX2-only
-    /// machines it was written on).
+    /// The AVX2 kernel: no 512-bit version yet. On Zen 4, whose AVX-512 runs on 256-bit units,
+    /// it beats the fused `vpdpbusd` kernel (see `KernelFamily::default_form`).
     fn tq1_lut(self, w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { super::x86_avx2::tq1_lut(w, x, rows, out) }
     }
@@ -750,6 +750,10 @@ unsafe fn tq1_fused(
     scratch: &mut KernelScratch,
 ) {
     let batch = x.batch();
+    if batch >= TQ1_REPACK_MIN_BATCH && rows.clone().all(|r| w.row_has_uniform_scale(r)) {
+        tq1_repacked(w, x, rows, out, &mut scratch.unpacked);
+        return;
+    }
     // One token: activations in row-stream order (every lane of every load used); more tokens:
     // in block order, for the decode-once kernel.
     let stride = if batch == 1 {
@@ -840,6 +844,173 @@ unsafe fn tq1_fused(
             r += 1;
         }
     }
+}
+
+/// Batches of at least this many tokens take [`tq1_repacked`]: from three token groups on.
+/// Below, the in-register tiles decode each row once or twice, about what the repack costs;
+/// on Zen 4 (`bitnet-bench kernels`, 2B4T shapes, one thread, Mrow·tok/s on 2560-wide rows)
+/// B = 8 in registers ran 45, B = 9 repacked 45 and B = 16 repacked 57.
+pub(crate) const TQ1_REPACK_MIN_BATCH: usize = 2 * TILE_TOKENS + 1;
+
+/// Most rows of a [`tq1_repacked`] block (its tiles' partial sums live on the stack).
+const TQ1_REPACK_BLOCK_ROWS: usize = 256;
+
+/// Activation bytes of one token group's column chunk in [`tq1_repacked`]: half of Zen 4's
+/// 32 KiB L1d, so the group's activations stay in L1 across a block's rows while the codes
+/// come from L2 (four tokens of a 6912-wide row are 27 KiB).
+const TQ1_REPACK_CHUNK_X_BYTES: usize = 16 * 1024;
+
+/// Bytes of [`KernelScratch::unpacked`] that [`tq1_repacked`] needs for rows of `cols`
+/// weights: a row block of I2 codes (a quarter of a byte per weight), and at least one row.
+pub(crate) fn tq1_repack_scratch_bytes(cols: usize) -> usize {
+    (cols / 4).max(super::ROW_BLOCK_BYTES)
+}
+
+/// 256 codes (each ≤ 3, one per byte, in column order) packed into one 64-byte I2 block: byte j
+/// holds the codes of weights 64n + j at shift 2n ([`i2_field`] reads them back). A code shifted
+/// by 6 within its 16-bit lane stays in its byte (3 << 6 < 256).
+///
+/// SAFETY: the caller guarantees 256 readable bytes at `src` and 64 writable ones at `dst`.
+#[inline(always)]
+unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
+    let c = |n: usize| load(src.add(64 * n));
+    let lo = _mm512_or_si512(c(0), _mm512_slli_epi16::<2>(c(1)));
+    let hi = _mm512_or_si512(_mm512_slli_epi16::<4>(c(2)), _mm512_slli_epi16::<6>(c(3)));
+    store(dst, _mm512_or_si512(lo, hi));
+}
+
+/// TQ1_0 rows (each with one scale) × a batch of [`TQ1_REPACK_MIN_BATCH`] tokens or more: a
+/// block of rows is decoded once (the AVX2 digit decoder) and repacked into I2 blocks in
+/// `codes`; then every group of four tokens runs the I2 tiles ([`code_tile`], 4 rows × 4
+/// tokens) over the block, a column chunk at a time (each within
+/// [`TQ1_REPACK_CHUNK_X_BYTES`] of activations), and each tile's sums are finished once, after
+/// its last chunk, as `tq1_tile` finishes them. Results are those of the oracle: the same
+/// integer sums, scaled the same way.
+///
+/// Why: the in-register tiles ([`tq1_tile`]) decode every digit again for each group of four
+/// tokens: a 128-token prompt decodes each row 32 times. On Zen 4 (`bitnet-bench kernels
+/// --batch 128`, 2B4T shapes, one thread) they ran 33 Mrow·tok/s on 2560-wide rows, against 84
+/// for I2 and 56 for the AVX2 kernel, which already decoded rows once.
+///
+/// While a block computes, the next block's packed rows are asked for in L2 a share per tile,
+/// so the decode pass finds them in cache.
+#[inline(always)]
+unsafe fn tq1_repacked(
+    w: &Tq1Matrix,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+    codes: &mut AlignedBytes,
+) {
+    let batch = x.batch();
+    let blocks = w.blocks_per_row();
+    if codes.len() < tq1_repack_scratch_bytes(blocks * QK_K) {
+        *codes = AlignedBytes::zeroed(tq1_repack_scratch_bytes(blocks * QK_K));
+    }
+    let row_bytes = blocks * I2_BLOCK_BYTES;
+    let fit = (codes.len() / row_bytes).min(TQ1_REPACK_BLOCK_ROWS);
+    let block_rows = if fit >= TILE_ROWS { fit / TILE_ROWS * TILE_ROWS } else { fit };
+    // Column chunks of whole blocks, as even as they come.
+    let max_chunk = (TQ1_REPACK_CHUNK_X_BYTES / (TILE_TOKENS * QK_K)).max(1);
+    let chunk_blocks = blocks.div_ceil(blocks.div_ceil(max_chunk));
+    let chunks = blocks.div_ceil(chunk_blocks);
+    let packed_row = blocks * std::mem::size_of::<BlockTq1_0>();
+    let base = w.blocks().as_ptr() as *const u8;
+    let mut one = [0u8; QK_K];
+    let mut sums = [_mm512_setzero_si512(); TQ1_REPACK_BLOCK_ROWS];
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = rows.end.min(start + block_rows);
+        for r in start..end {
+            let dst = codes.as_mut_slice()[(r - start) * row_bytes..][..row_bytes].as_mut_ptr();
+            for (blk, b) in w.row(r).iter().enumerate() {
+                decode_tq1_block_avx2(b, &mut one);
+                encode_i2_block(one.as_ptr(), dst.add(blk * I2_BLOCK_BYTES));
+            }
+        }
+        let next = end..rows.end.min(end + block_rows);
+        let tiles = (end - start).div_ceil(TILE_ROWS);
+        let shares = PrefetchShares::of_bytes(
+            base.wrapping_add(next.start * packed_row),
+            next.len() * packed_row,
+            batch.div_ceil(TILE_TOKENS) * chunks * tiles,
+        );
+        let c = codes.as_slice().as_ptr();
+        let mut step = 0;
+        let mut b0 = 0;
+        while b0 < batch {
+            let g = TILE_TOKENS.min(batch - b0);
+            for k in 0..chunks {
+                let (first, n) = (k * chunk_blocks, chunk_blocks.min(blocks - k * chunk_blocks));
+                let (mut r, mut t) = (start, 0);
+                while r < end {
+                    shares.issue(step);
+                    step += 1;
+                    let src = c.add((r - start) * row_bytes + first * I2_BLOCK_BYTES);
+                    let xs = x.token(b0).as_ptr().add(first * QK_K) as *const u8;
+                    let acc = &mut sums[t];
+                    r += code_tile_for!(
+                        repacked_tile_sums,
+                        end - r,
+                        g,
+                        (src, row_bytes, n, xs, x.padded_cols(), k == 0, acc)
+                    );
+                    t += 1;
+                }
+            }
+            let (mut r, mut t) = (start, 0);
+            while r < end {
+                let o = &mut out[(r - rows.start) * batch..];
+                r += code_tile_for!(repacked_tile_finish, end - r, g, (w, r, x, b0, sums[t], o));
+                t += 1;
+            }
+            b0 += g;
+        }
+        start = end;
+    }
+}
+
+/// Rows `src`, `src + row_bytes`, … (R of them) of a [`tq1_repacked`] block × G tokens (the
+/// first at `xs`, the next `x_stride` bytes apart) over `n` I2 blocks: the tile's sums
+/// ([`code_tile`]'s lane order) stored into `acc` (`fresh`: the first column chunk) or added.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn repacked_tile_sums<const R: usize, const G: usize>(
+    src: *const u8,
+    row_bytes: usize,
+    n: usize,
+    xs: *const u8,
+    x_stride: usize,
+    fresh: bool,
+    acc: &mut __m512i,
+) {
+    let mut rows = [src; R];
+    for (i, p) in rows.iter_mut().enumerate() {
+        *p = src.add(i * row_bytes);
+    }
+    let mut tokens = [xs; G];
+    for (g, p) in tokens.iter_mut().enumerate() {
+        *p = xs.add(g * x_stride);
+    }
+    let s = code_tile::<R, G, false>(rows, I2_BLOCK_BYTES, n, tokens, false);
+    *acc = if fresh { s } else { _mm512_add_epi32(*acc, s) };
+}
+
+/// The outputs of rows `r..r+R` × tokens `b0..b0+G` from a [`tq1_repacked`] tile's sums.
+#[inline(always)]
+unsafe fn repacked_tile_finish<const R: usize, const G: usize>(
+    w: &Tq1Matrix,
+    r: usize,
+    x: &ActivationBatch,
+    b0: usize,
+    sums: __m512i,
+    out: &mut [f32],
+) {
+    let mut d = [0f64; R];
+    for (i, d) in d.iter_mut().enumerate() {
+        *d = f16_to_f64(w.row(r + i)[0].d);
+    }
+    finish_uniform_tile::<R, G>(sums, d, x, b0, out);
 }
 
 /// One token, rows `r..r+R` (uniform scales), without materialising the digit codes: with
