@@ -52,7 +52,7 @@ pub struct CpuIdentity {
     pub family: u32,
     pub model: u32,
     pub stepping: u32,
-    /// e.g. `zen4`; absent where the family does not tell it (every non-AMD CPU).
+    /// e.g. `zen4`; absent where family and model do not tell it (every non-AMD CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microarchitecture: Option<String>,
 }

@@ -264,8 +264,9 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         diff("CPU (CPUID)", x.to_string(), y.to_string());
     }
     // VMs may give every CPU generation one name (our Zen 4 and Zen 5 VMs both say "AMD EPYC",
-    // with up to 2x apart in bandwidth and multiply-add rate); caches and features tell them
-    // apart. Compared only where both reports know them (an imported llama-bench report doesn't).
+    // with up to 2x apart in bandwidth and multiply-add rate); CPUID (above, in newer reports),
+    // caches and features tell them apart. Compared only where both reports know them (an
+    // imported llama-bench report doesn't).
     for (what, x, y) in [
         ("L1d cache", a.system.l1d_kib, b.system.l1d_kib),
         ("L2 cache", a.system.l2_kib, b.system.l2_kib),

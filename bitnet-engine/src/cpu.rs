@@ -133,8 +133,6 @@ pub struct CpuId {
     pub family: u32,
     pub model: u32,
     pub stepping: u32,
-    /// Whether the CPU reports AVX-512F (tells Zen 4 from Zen 3 within AMD family 0x19).
-    pub avx512f: bool,
 }
 
 impl CpuId {
@@ -144,18 +142,19 @@ impl CpuId {
         ID.get_or_init(read_cpuid).as_ref()
     }
 
-    /// The core microarchitecture, where the family alone tells it: AMD's families 0x17 (Zen,
-    /// Zen 2), 0x19 (Zen 3, or Zen 4 where AVX-512 is present: Zen 3 has none) and 0x1A (Zen 5).
-    /// `None` for other vendors and families (no model table is kept).
+    /// The core microarchitecture of an AMD CPU, from its family and, in family 0x19, its
+    /// model ranges (Zen 3: 0x00–0x0F, 0x20–0x2F, 0x40–0x5F; Zen 4: 0x10–0x1F, 0x60–0x7F,
+    /// 0xA0–0xAF), so a VM that hides AVX-512 does not turn a Zen 4 into a Zen 3. Family 0x17
+    /// is Zen or Zen 2, 0x1A Zen 5. `None` for other vendors, families and models.
     pub fn microarchitecture(&self) -> Option<&'static str> {
         if self.vendor != "AuthenticAMD" {
             return None;
         }
-        match self.family {
-            0x17 => Some("zen/zen2"),
-            0x19 if self.avx512f => Some("zen4"),
-            0x19 => Some("zen3"),
-            0x1A => Some("zen5"),
+        match (self.family, self.model) {
+            (0x17, _) => Some("zen/zen2"),
+            (0x19, 0x00..=0x0F | 0x20..=0x2F | 0x40..=0x5F) => Some("zen3"),
+            (0x19, 0x10..=0x1F | 0x60..=0x7F | 0xA0..=0xAF) => Some("zen4"),
+            (0x1A, _) => Some("zen5"),
             _ => None,
         }
     }
@@ -163,7 +162,8 @@ impl CpuId {
 
 /// Whether this CPU runs 512-bit vector operations as two 256-bit halves (AMD Zen 4): there a
 /// zmm `vpdpbusd` costs what two ymm ones do, so AVX-512 kernels gain little over AVX2 ones of
-/// fewer operations (see `KernelFamily::default_form`).
+/// fewer operations (see `KernelFamily::default_form`). Mobile Zen 5 parts also have 256-bit
+/// units but are not told apart from the server ones here (false for them).
 pub fn avx512_on_256_bit_units() -> bool {
     CpuId::current().is_some_and(|c| c.microarchitecture() == Some("zen4"))
 }
@@ -171,21 +171,17 @@ pub fn avx512_on_256_bit_units() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn read_cpuid() -> Option<CpuId> {
     use std::arch::x86_64::__cpuid;
-    // CPUID exists on every x86-64 CPU (a safe intrinsic there); leaves 0 and 1 always do.
-    let (l0, l1) = (__cpuid(0), __cpuid(1));
+    // SAFETY: CPUID exists on every x86-64 CPU, and leaves 0 and 1 on every one. (`__cpuid`
+    // is a safe function from Rust 1.94 on; the workspace builds from 1.89.)
+    #[allow(unused_unsafe)]
+    let (l0, l1) = unsafe { (__cpuid(0), __cpuid(1)) };
     let vendor: Vec<u8> = [l0.ebx, l0.edx, l0.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
     let base_family = (l1.eax >> 8) & 0xF;
     let family = if base_family == 0xF { base_family + ((l1.eax >> 20) & 0xFF) } else { base_family };
     let base_model = (l1.eax >> 4) & 0xF;
     let model =
         if base_family == 0x6 || base_family == 0xF { base_model | ((l1.eax >> 16) & 0xF) << 4 } else { base_model };
-    Some(CpuId {
-        vendor: String::from_utf8_lossy(&vendor).into_owned(),
-        family,
-        model,
-        stepping: l1.eax & 0xF,
-        avx512f: detected("avx512f"),
-    })
+    Some(CpuId { vendor: String::from_utf8_lossy(&vendor).into_owned(), family, model, stepping: l1.eax & 0xF })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -228,13 +224,17 @@ mod tests {
 
     #[test]
     fn microarchitecture_by_family() {
-        let amd = |family, avx512f| CpuId { vendor: "AuthenticAMD".into(), family, model: 1, stepping: 0, avx512f };
-        assert_eq!(amd(0x1A, true).microarchitecture(), Some("zen5"));
-        assert_eq!(amd(0x19, true).microarchitecture(), Some("zen4"));
-        assert_eq!(amd(0x19, false).microarchitecture(), Some("zen3"));
-        assert_eq!(amd(0x17, false).microarchitecture(), Some("zen/zen2"));
-        assert_eq!(amd(0x15, false).microarchitecture(), None);
-        let intel = CpuId { vendor: "GenuineIntel".into(), family: 6, model: 0x8F, stepping: 8, avx512f: true };
+        let amd = |family, model| CpuId { vendor: "AuthenticAMD".into(), family, model, stepping: 0 };
+        assert_eq!(amd(0x1A, 0x02).microarchitecture(), Some("zen5"));
+        for (model, want) in
+            [(0x01, "zen3"), (0x21, "zen3"), (0x50, "zen3"), (0x11, "zen4"), (0x61, "zen4"), (0xA0, "zen4")]
+        {
+            assert_eq!(amd(0x19, model).microarchitecture(), Some(want), "model {model:#x}");
+        }
+        assert_eq!(amd(0x19, 0x90).microarchitecture(), None);
+        assert_eq!(amd(0x17, 0x31).microarchitecture(), Some("zen/zen2"));
+        assert_eq!(amd(0x15, 0x02).microarchitecture(), None);
+        let intel = CpuId { vendor: "GenuineIntel".into(), family: 6, model: 0x8F, stepping: 8 };
         assert_eq!(intel.microarchitecture(), None);
     }
 }

@@ -323,7 +323,7 @@ fn row_ranges_write_only_their_slice() {
     // Ranges that cut tiles, and ranges that start mid-tile but hold whole 16-row tiles (the
     // lut kernel finishes those in vectors, its outputs `batch` apart from `rows.start`). 544
     // columns for the formats that take any width, 512 for the 256-block ones (TQ1_0, TQ2_0).
-    for (k, b) in [(544, 1), (544, 3), (512, 1), (512, 3), (512, 5), (512, 9)] {
+    for (k, b) in [(544, 1), (544, 3), (512, 1), (512, 3), (512, 5), (512, 9), (512, 11)] {
         let m = TernaryMatrix::random(64, k, 0.1, 5);
         let x = activations(b, k, 6);
         for (kernel, format) in kernels_under_test() {
@@ -385,8 +385,9 @@ fn tq1_with_any_code_bytes_and_varied_scales_equals_oracle() {
     // The in-register TQ1 kernels must agree with llama.cpp's digit formula on every byte value,
     // not only on the ones the quantizer writes; and rows with per-block scales (their generic
     // path) sit next to uniform rows (the integer paths: up to four rows at a time for one
-    // token; for batches of five or more with every row uniform, rows repacked to I2 blocks in
-    // two-row × four-token tiles, 6912-wide rows in two column chunks). Each uniform row has a
+    // token; for batches of five or more with every row uniform (AVX2; AVX-512 from nine), rows
+    // repacked to I2 blocks in two-row × four-token (AVX2) or 4 × 4 (AVX-512) tiles, 6912-wide
+    // rows in two column chunks). Each uniform row has a
     // scale of its own, so that a tile's rows are each scaled by their own. With every row
     // uniform the matrix also has a table-lookup repack (the `lut` form); with some rows mixed
     // it has none and the `lut` form runs the digit kernel.

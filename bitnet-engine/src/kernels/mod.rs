@@ -169,7 +169,8 @@ impl FromStr for KernelFamily {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelForm {
     /// Unpack and multiply in registers, no intermediate buffer (the default of every family
-    /// but portable `tq1`: see [`KernelFamily::default_form`]).
+    /// but `tq1` at the portable and AVX2 levels and on Zen 4: see
+    /// [`KernelFamily::default_form`]).
     Fused,
     /// `unpack` a tile of rows into an L1-resident scratch, then `dot` (or `xnor`, then
     /// `popcount`), as separate non-inlined stages — so their costs can be told apart.
@@ -235,11 +236,12 @@ pub struct KernelScratch {
     /// AND results of the xnor stage, `[8 planes, 2 (mask, sign), plane_words]`.
     words: Vec<u64>,
     /// Activations rearranged for the AVX-512 TQ1 and TQ2 kernels (TQ1 digit order,
-    /// `[batch, cols / 256, 320]`, or TQ2 lane order, `[cols]`); grown on first use for a
-    /// batch size, so later calls allocate nothing.
+    /// `[tokens, cols / 256, 320]` for up to eight tokens, or TQ2 lane order, `[cols]`); grown
+    /// on first use for a batch size, so later calls allocate nothing.
     pub(crate) x_reordered: AlignedBytes,
-    /// Decoded codes of a block of rows for the AVX2 batched TQ1 kernel (repacked as I2
-    /// blocks, `x86_avx2::unpacked_scratch_bytes`); grown on first use.
+    /// Decoded codes of a block of rows for the batched TQ1 kernels (repacked as I2 blocks:
+    /// `x86_avx2::unpacked_scratch_bytes`, `x86_avx512::tq1_repack_scratch_bytes`); grown on
+    /// first use.
     pub(crate) unpacked: AlignedBytes,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,
@@ -398,7 +400,7 @@ impl Kernel {
     /// The scratch this kernel grows on first use ([`KernelScratch`]), over calls of 1 to `batch`
     /// tokens of up to `padded_cols` columns whose rows have one scale each (every BitNet
     /// tensor). A matrix whose rows mix block scales runs a slower path that may grow the
-    /// reordered buffer once more.
+    /// reordered buffer again, once per new largest batch.
     pub fn scratch_needs(self, padded_cols: usize, batch: usize) -> ScratchNeeds {
         let blocks = padded_cols.div_ceil(crate::formats::QK_K);
         let row_order = portable::tq1_row_chunks(blocks) * portable::TQ1_DIGIT_BLOCK;
@@ -972,8 +974,8 @@ fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out:
 /// their shared keys: `out[g·n + p]` = [`attention_scores`] of head g (n = `out.len() / heads`),
 /// bit for bit. With AVX2 (and no AVX-512) one pass over the keys serves every head of the group,
 /// so a KV head is read once per step instead of once per query head; AVX-512 machines run
-/// their per-head kernel for each head (a grouped 512-bit kernel has not been written, as it
-/// could not be measured on the machines this was built on).
+/// their per-head kernel for each head (a grouped 512-bit kernel has not been written, and the
+/// AVX2 grouped one has not yet been measured against it on an AVX-512 machine).
 pub(crate) fn attention_scores_group<K: KeyElem>(
     qs: &[f32],
     heads: usize,

@@ -738,8 +738,10 @@ unsafe fn reduce_i64<const A: usize>(acc: &[__m512i; A]) -> i64 {
 /// TQ1_0 with the base-3 digits extracted in registers. The block's 52 code bytes are loaded
 /// once and multiplied by 3 (mod 256) per digit; the activations come pre-arranged in digit
 /// order (`portable::tq1_digit_order`, built here once per call into `scratch`), so each digit
-/// meets one contiguous 64-byte activation vector. Rows whose blocks have different scales
-/// (never the case for BitNet tensors) take the generic decode-then-dot path.
+/// meets one contiguous 64-byte activation vector. From [`TQ1_REPACK_MIN_BATCH`] tokens on,
+/// matrices whose rows each have one scale are decoded once per call instead
+/// ([`tq1_repacked`]). Rows whose blocks have different scales (never the case for BitNet
+/// tensors) take the generic decode-then-dot path.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn tq1_fused(
     isa: Avx512,
@@ -917,7 +919,8 @@ unsafe fn tq1_repacked(
     let packed_row = blocks * std::mem::size_of::<BlockTq1_0>();
     let base = w.blocks().as_ptr() as *const u8;
     let mut one = [0u8; QK_K];
-    let mut sums = [_mm512_setzero_si512(); TQ1_REPACK_BLOCK_ROWS];
+    // One sum vector per tile: a block's whole tiles, then at most a two-row and a one-row one.
+    let mut sums = [_mm512_setzero_si512(); TQ1_REPACK_BLOCK_ROWS / TILE_ROWS + 2];
     let mut start = rows.start;
     while start < rows.end {
         let end = rows.end.min(start + block_rows);
@@ -947,7 +950,8 @@ unsafe fn tq1_repacked(
                     shares.issue(step);
                     step += 1;
                     let src = c.add((r - start) * row_bytes + first * I2_BLOCK_BYTES);
-                    let xs = x.token(b0).as_ptr().add(first * QK_K) as *const u8;
+                    // One slice over the group's tokens, `padded_cols` apart.
+                    let xs = x.tokens(b0..b0 + g).as_ptr().add(first * QK_K) as *const u8;
                     let acc = &mut sums[t];
                     r += code_tile_for!(
                         repacked_tile_sums,
