@@ -1564,56 +1564,72 @@ const LUT_I16_SPANS: usize = 8;
 /// where the range has them, sharing each table load. More tokens: one tile against up to
 /// [`LUT_TOKENS`] tokens per pass, sharing each pattern index and sign mask. Rows outside
 /// `rows` of a tile the range only partly covers are computed and dropped. Shared with the
-/// AVX-512 level (which implies AVX2).
+/// AVX-512 level (which implies AVX2) where the CPU lacks GFNI; with it, that level runs this
+/// loop with [`LutSigns`] from AVX-512 masks.
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    tq1_lut_with::<CompareSigns>(w, x, rows, out)
+}
+
+/// How a table-lookup tile gets each pair's pattern indices and negates its negated groups:
+/// the operations that differ between AVX2 ([`CompareSigns`]) and AVX-512 with GFNI
+/// (`x86_avx512::MaskSigns`), which do them in fewer vector operations.
+pub(crate) trait LutSigns {
+    /// Which byte lanes of a pair are negated.
+    type Neg: Copy;
+    /// Pair `pair`'s negated lanes from the span's sign vector (`sign`: bit 7 − pair of each
+    /// byte, see `formats::tq1_lut`; an implementation may shift it along, pair by pair).
+    unsafe fn negated(sign: &mut __m256i, pair: usize) -> Self::Neg;
+    /// `v` with the negated lanes complemented (`!v = −v − 1`).
+    unsafe fn complement(v: __m256i, neg: Self::Neg) -> __m256i;
+    /// The high nibble of every byte, in its low four bits.
+    unsafe fn high_nibble(v: __m256i) -> __m256i;
+}
+
+/// AVX2: the pair's sign is bit 7, spread over the byte by `vpcmpgtb` against zero, and the
+/// byte doubled for the next pair; negation is an XOR with that mask.
+pub(crate) struct CompareSigns;
+
+impl LutSigns for CompareSigns {
+    type Neg = __m256i;
+    #[inline(always)]
+    unsafe fn negated(sign: &mut __m256i, _pair: usize) -> __m256i {
+        let neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), *sign);
+        *sign = _mm256_add_epi8(*sign, *sign);
+        neg
+    }
+    #[inline(always)]
+    unsafe fn complement(v: __m256i, neg: __m256i) -> __m256i {
+        _mm256_xor_si256(v, neg)
+    }
+    #[inline(always)]
+    unsafe fn high_nibble(v: __m256i) -> __m256i {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f))
+    }
+}
+
+/// [`tq1_lut`]'s loop, for the caller's target features and sign operations.
+#[inline(always)]
+pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
+    w: &Tq1LutMatrix,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let batch = x.batch();
     let (first, end) = (rows.start / LUT_TILE_ROWS, rows.end.div_ceil(LUT_TILE_ROWS));
     let spans = w.spans();
-    // Token b's outputs of tile `tile`'s rows that lie in `rows`.
-    let mut emit = |tile: usize, b: usize, sums: &[__m256i; 2]| {
-        let r0 = tile * LUT_TILE_ROWS;
-        if rows.start <= r0 && r0 + LUT_TILE_ROWS <= rows.end {
-            if batch == 1 {
-                let o = out[r0 - rows.start..r0 - rows.start + LUT_TILE_ROWS].as_mut_ptr();
-                for (h, v) in sums.iter().enumerate() {
-                    lut_finish8(w, r0 + 8 * h, *v, x.scale(0), o.add(8 * h));
-                }
-            } else {
-                // Token b's outputs lie `batch` apart: made in vectors as for one token, then
-                // stored one by one (the scalar epilogue cost 12–15% of a batched tile's time).
-                let mut row_out = [0f32; LUT_TILE_ROWS];
-                for (h, v) in sums.iter().enumerate() {
-                    lut_finish8(w, r0 + 8 * h, *v, x.scale(b), row_out.as_mut_ptr().add(8 * h));
-                }
-                for (o, v) in out[(r0 - rows.start) * batch + b..].iter_mut().step_by(batch).zip(row_out) {
-                    *o = v;
-                }
-            }
-            return;
-        }
-        let mut s = [0i32; LUT_TILE_ROWS];
-        _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, sums[0]);
-        _mm256_storeu_si256(s.as_mut_ptr().add(8) as *mut __m256i, sums[1]);
-        for (j, &sum) in s.iter().enumerate() {
-            let r = r0 + j;
-            if rows.contains(&r) {
-                let dot = sum + LUT_NEGATION_BIAS * w.negated(r);
-                out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
-            }
-        }
-    };
     let mut t = first;
     while t < end {
         if batch == 1 {
             let table = [x.lut(0).as_ptr()];
             if t + 2 <= end {
-                let sums = lut_tiles::<2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, true);
-                emit(t, 0, &sums[0][0]);
-                emit(t + 1, 0, &sums[1][0]);
+                let sums = lut_tiles::<S, 2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, true);
+                lut_emit(w, x, &rows, out, t, 0, &sums[0][0]);
+                lut_emit(w, x, &rows, out, t + 1, 0, &sums[1][0]);
                 t += 2;
             } else {
-                emit(t, 0, &lut_tiles::<1, 1>([w.tile(t).as_ptr()], table, spans, true)[0][0]);
+                lut_emit(w, x, &rows, out, t, 0, &lut_tiles::<S, 1, 1>([w.tile(t).as_ptr()], table, spans, true)[0][0]);
                 t += 1;
             }
             continue;
@@ -1627,17 +1643,65 @@ pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<
             let prefetch = b0 == 0;
             let mut sums = [[_mm256_setzero_si256(); 2]; LUT_TOKENS];
             match g {
-                1 => sums[..1].copy_from_slice(&lut_tiles::<1, 1>(src, [tb(0)], spans, prefetch)[0]),
-                2 => sums[..2].copy_from_slice(&lut_tiles::<1, 2>(src, [tb(0), tb(1)], spans, prefetch)[0]),
-                3 => sums[..3].copy_from_slice(&lut_tiles::<1, 3>(src, [tb(0), tb(1), tb(2)], spans, prefetch)[0]),
-                _ => sums = lut_tiles::<1, LUT_TOKENS>(src, std::array::from_fn(tb), spans, prefetch)[0],
+                1 => sums[..1].copy_from_slice(&lut_tiles::<S, 1, 1>(src, [tb(0)], spans, prefetch)[0]),
+                2 => sums[..2].copy_from_slice(&lut_tiles::<S, 1, 2>(src, [tb(0), tb(1)], spans, prefetch)[0]),
+                3 => sums[..3].copy_from_slice(&lut_tiles::<S, 1, 3>(src, [tb(0), tb(1), tb(2)], spans, prefetch)[0]),
+                _ => sums = lut_tiles::<S, 1, LUT_TOKENS>(src, std::array::from_fn(tb), spans, prefetch)[0],
             }
             for (i, s) in sums[..g].iter().enumerate() {
-                emit(t, b0 + i, s);
+                lut_emit(w, x, &rows, out, t, b0 + i, s);
             }
             b0 += g;
         }
         t += 1;
+    }
+}
+
+/// Token b's outputs of tile `tile`'s rows that lie in `rows` ([`tq1_lut_with`]'s epilogue). A
+/// function, not a closure in its caller: a closure does not take the target features of the
+/// function it is inlined into, and `tq1_lut_with` has none of its own (its wrappers do), so
+/// the intrinsics in a closure there were left as calls.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn lut_emit(
+    w: &Tq1LutMatrix,
+    x: &ActivationBatch,
+    rows: &Range<usize>,
+    out: &mut [f32],
+    tile: usize,
+    b: usize,
+    sums: &[__m256i; 2],
+) {
+    let batch = x.batch();
+    let r0 = tile * LUT_TILE_ROWS;
+    if rows.start <= r0 && r0 + LUT_TILE_ROWS <= rows.end {
+        if batch == 1 {
+            let o = out[r0 - rows.start..r0 - rows.start + LUT_TILE_ROWS].as_mut_ptr();
+            for (h, v) in sums.iter().enumerate() {
+                lut_finish8(w, r0 + 8 * h, *v, x.scale(0), o.add(8 * h));
+            }
+        } else {
+            // Token b's outputs lie `batch` apart: made in vectors as for one token, then
+            // stored one by one (the scalar epilogue cost 12–15% of a batched tile's time).
+            let mut row_out = [0f32; LUT_TILE_ROWS];
+            for (h, v) in sums.iter().enumerate() {
+                lut_finish8(w, r0 + 8 * h, *v, x.scale(b), row_out.as_mut_ptr().add(8 * h));
+            }
+            for (o, v) in out[(r0 - rows.start) * batch + b..].iter_mut().step_by(batch).zip(row_out) {
+                *o = v;
+            }
+        }
+        return;
+    }
+    let mut s = [0i32; LUT_TILE_ROWS];
+    _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, sums[0]);
+    _mm256_storeu_si256(s.as_mut_ptr().add(8) as *mut __m256i, sums[1]);
+    for (j, &sum) in s.iter().enumerate() {
+        let r = r0 + j;
+        if rows.contains(&r) {
+            let dot = sum + LUT_NEGATION_BIAS * w.negated(r);
+            out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
+        }
     }
 }
 
@@ -1677,7 +1741,7 @@ const LUT_TOKENS: usize = 4;
 /// each tile's and token's row sums as i32 vectors (rows 0–7, rows 8–15), with every negated
 /// group counted as −v − 33 (the caller adds `LUT_NEGATION_BIAS` × the row's negated count).
 #[inline(always)]
-unsafe fn lut_tiles<const R: usize, const G: usize>(
+unsafe fn lut_tiles<S: LutSigns, const R: usize, const G: usize>(
     src: [*const u8; R],
     tables: [*const u8; G],
     spans: usize,
@@ -1708,10 +1772,11 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
                 }
             }
             let toff = s * LUT_SPAN_GROUPS / 2 * LUT_PAIR_TABLE_BYTES;
-            // Pair p's sign is bit 7 − p of each byte, and the signs are doubled after each pair,
-            // so the current pair's is always bit 7, which `vpcmpgtb` against zero spreads over
-            // the byte: two ops per pair. (Pairs in descending order with bit p instead cost 40%
-            // at 4 tokens × 6912 columns: the tables, read backwards, were not prefetched.)
+            // Pair p's sign is bit 7 − p of each byte (`S::negated`): with AVX2 the signs are
+            // doubled after each pair, so the current pair's is always bit 7, which `vpcmpgtb`
+            // against zero spreads over the byte: two ops per pair. (Pairs in descending order
+            // with bit p instead cost 40% at 4 tokens × 6912 columns: the tables, read
+            // backwards, were not prefetched.)
             let mut sign = [zero; R];
             for i in 0..R {
                 sign[i] = load(src[i].add(off + 128));
@@ -1726,22 +1791,19 @@ unsafe fn lut_tiles<const R: usize, const G: usize>(
                 for half in 0..2 {
                     let pair = 2 * v + half;
                     let mut idx = [zero; R];
-                    let mut neg = [zero; R];
+                    let mut neg = [S::negated(&mut sign[0], pair); R];
                     for i in 0..R {
-                        idx[i] = if half == 0 {
-                            _mm256_and_si256(nib[i], low4)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(nib[i]), low4)
-                        };
-                        neg[i] = _mm256_cmpgt_epi8(zero, sign[i]);
-                        sign[i] = _mm256_add_epi8(sign[i], sign[i]);
+                        idx[i] = if half == 0 { _mm256_and_si256(nib[i], low4) } else { S::high_nibble(nib[i]) };
+                        if i > 0 {
+                            neg[i] = S::negated(&mut sign[i], pair);
+                        }
                     }
                     for g in 0..G {
                         let t_l = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES));
                         let t_h = load(tables[g].add(toff + pair * LUT_PAIR_TABLE_BYTES + 32));
                         for i in 0..R {
-                            let l = _mm256_xor_si256(_mm256_shuffle_epi8(t_l, idx[i]), neg[i]);
-                            let h = _mm256_xor_si256(_mm256_shuffle_epi8(t_h, idx[i]), neg[i]);
+                            let l = S::complement(_mm256_shuffle_epi8(t_l, idx[i]), neg[i]);
+                            let h = S::complement(_mm256_shuffle_epi8(t_h, idx[i]), neg[i]);
                             part[i][g][0] = _mm256_add_epi8(part[i][g][0], l);
                             part[i][g][1] = _mm256_add_epi8(part[i][g][1], h);
                         }

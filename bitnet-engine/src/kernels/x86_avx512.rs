@@ -93,11 +93,48 @@ impl IsaOps for Avx512 {
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { xnor_fused(w, x, rows, out) }
     }
-    /// The AVX2 kernel: no 512-bit version yet. On Zen 4, whose AVX-512 runs on 256-bit units,
-    /// it beats the fused `vpdpbusd` kernel (see `KernelFamily::default_form`).
+    /// The AVX2 kernel's 256-bit loop, with its signs and nibbles in AVX-512 masks and GFNI
+    /// where the CPU has GFNI ([`MaskSigns`]), else as on AVX2. No 512-bit version yet. On
+    /// Zen 4, whose AVX-512 runs on 256-bit units, it beats the fused `vpdpbusd` kernel (see
+    /// `KernelFamily::default_form`).
     fn tq1_lut(self, w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-        unsafe { super::x86_avx2::tq1_lut(w, x, rows, out) }
+        if std::arch::is_x86_feature_detected!("gfni") {
+            // SAFETY: the token proves AVX-512 F/BW/VL (and AVX2); GFNI is checked above.
+            unsafe { tq1_lut_masks(w, x, rows, out) }
+        } else {
+            unsafe { super::x86_avx2::tq1_lut(w, x, rows, out) }
+        }
     }
+}
+
+/// The table-lookup TQ1 kernel's sign and nibble operations in fewer vector operations than
+/// AVX2's ([`super::x86_avx2::CompareSigns`]): a pair's negated lanes are one `vptestmb` of the
+/// span's sign vector against the pair's bit (AVX2: a compare and a doubling), applied as a
+/// masked `vpsubb` from −1 (in place of the XOR), and the high nibble is one `vgf2p8affineqb`
+/// (AVX2: a shift and an AND).
+struct MaskSigns;
+
+impl super::x86_avx2::LutSigns for MaskSigns {
+    type Neg = __mmask32;
+    #[inline(always)]
+    unsafe fn negated(sign: &mut __m256i, pair: usize) -> __mmask32 {
+        _mm256_test_epi8_mask(*sign, _mm256_set1_epi8((0x80u8 >> pair) as i8))
+    }
+    #[inline(always)]
+    unsafe fn complement(v: __m256i, neg: __mmask32) -> __m256i {
+        _mm256_mask_sub_epi8(v, neg, _mm256_set1_epi8(-1), v)
+    }
+    #[inline(always)]
+    unsafe fn high_nibble(v: __m256i) -> __m256i {
+        // Output bit i (row byte 7 − i of the matrix) is input bit i + 4 for i < 4, else 0.
+        _mm256_gf2p8affine_epi64_epi8::<0>(v, _mm256_set1_epi64x(0x1020_4080_0000_0000))
+    }
+}
+
+/// [`super::x86_avx2::tq1_lut`] with [`MaskSigns`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,gfni,avx2,fma,popcnt,f16c")]
+unsafe fn tq1_lut_masks(w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    super::x86_avx2::tq1_lut_with::<MaskSigns>(w, x, rows, out)
 }
 
 #[inline(always)]
