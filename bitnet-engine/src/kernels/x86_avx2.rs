@@ -136,7 +136,7 @@ unsafe fn decode_i2_block(src: &[u8], dst: &mut [u8]) {
 ///
 /// SAFETY: the caller guarantees 256 readable bytes at `src` and 64 writable ones at `dst`.
 #[inline(always)]
-unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
+pub(crate) unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
     for half in 0..2 {
         let c = |n: usize| load(src.add(64 * n + 32 * half));
         let lo = _mm256_or_si256(c(0), _mm256_slli_epi16::<2>(c(1)));

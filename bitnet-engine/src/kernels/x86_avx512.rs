@@ -12,8 +12,8 @@ use super::portable::{
     i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, f16_to_f64, prefetch_l2, prefetch_rows_l2, prefetch_stream,
-    prefetch_stream_span, times3_asm, tq1_rows_with, PrefetchShares,
+    decode_tq1_block as decode_tq1_block_avx2, encode_i2_block, f16_to_f64, prefetch_l2, prefetch_rows_l2,
+    prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with, PrefetchShares,
 };
 use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -905,19 +905,6 @@ pub(crate) fn tq1_repack_scratch_bytes(cols: usize) -> usize {
     (cols / 4).max(super::ROW_BLOCK_BYTES)
 }
 
-/// 256 codes (each ≤ 3, one per byte, in column order) packed into one 64-byte I2 block: byte j
-/// holds the codes of weights 64n + j at shift 2n ([`i2_field`] reads them back). A code shifted
-/// by 6 within its 16-bit lane stays in its byte (3 << 6 < 256).
-///
-/// SAFETY: the caller guarantees 256 readable bytes at `src` and 64 writable ones at `dst`.
-#[inline(always)]
-unsafe fn encode_i2_block(src: *const u8, dst: *mut u8) {
-    let c = |n: usize| load(src.add(64 * n));
-    let lo = _mm512_or_si512(c(0), _mm512_slli_epi16::<2>(c(1)));
-    let hi = _mm512_or_si512(_mm512_slli_epi16::<4>(c(2)), _mm512_slli_epi16::<6>(c(3)));
-    store(dst, _mm512_or_si512(lo, hi));
-}
-
 /// TQ1_0 rows (each with one scale) × a batch of [`TQ1_REPACK_MIN_BATCH`] tokens or more: a
 /// block of rows is decoded once (the AVX2 digit decoder) and repacked into I2 blocks in
 /// `codes`; then every group of four tokens runs the I2 tiles ([`code_tile`], 4 rows × 4
@@ -987,15 +974,8 @@ unsafe fn tq1_repacked(
                     shares.issue(step);
                     step += 1;
                     let src = c.add((r - start) * row_bytes + first * I2_BLOCK_BYTES);
-                    // One slice over the group's tokens, `padded_cols` apart.
-                    let xs = x.tokens(b0..b0 + g).as_ptr().add(first * QK_K) as *const u8;
                     let acc = &mut sums[t];
-                    r += code_tile_for!(
-                        repacked_tile_sums,
-                        end - r,
-                        g,
-                        (src, row_bytes, n, xs, x.padded_cols(), k == 0, acc)
-                    );
+                    r += code_tile_for!(repacked_tile_sums, end - r, g, (src, row_bytes, n, first, x, b0, k == 0, acc));
                     t += 1;
                 }
             }
@@ -1011,29 +991,23 @@ unsafe fn tq1_repacked(
     }
 }
 
-/// Rows `src`, `src + row_bytes`, … (R of them) of a [`tq1_repacked`] block × G tokens (the
-/// first at `xs`, the next `x_stride` bytes apart) over `n` I2 blocks: the tile's sums
-/// ([`code_tile`]'s lane order) stored into `acc` (`fresh`: the first column chunk) or added.
+/// Rows `src`, `src + row_bytes`, … (R of them) of a [`tq1_repacked`] block × tokens
+/// `b0..b0 + G` over `n` I2 blocks from column block `first`: the tile's sums ([`code_tile`]'s
+/// lane order) stored into `acc` (`fresh`: the first column chunk) or added.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn repacked_tile_sums<const R: usize, const G: usize>(
     src: *const u8,
     row_bytes: usize,
     n: usize,
-    xs: *const u8,
-    x_stride: usize,
+    first: usize,
+    x: &ActivationBatch,
+    b0: usize,
     fresh: bool,
     acc: &mut __m512i,
 ) {
-    let mut rows = [src; R];
-    for (i, p) in rows.iter_mut().enumerate() {
-        *p = src.add(i * row_bytes);
-    }
-    let mut tokens = [xs; G];
-    for (g, p) in tokens.iter_mut().enumerate() {
-        *p = xs.add(g * x_stride);
-    }
-    let s = code_tile::<R, G, false>(rows, I2_BLOCK_BYTES, n, tokens, false);
+    let (src, xs) = tile_pointers::<R, G>(|i| src.add(i * row_bytes), 0, x, b0);
+    let s = code_tile::<R, G, false>(src, I2_BLOCK_BYTES, n, xs.map(|p| p.add(first * QK_K)), false);
     *acc = if fresh { s } else { _mm512_add_epi32(*acc, s) };
 }
 
