@@ -18,5 +18,6 @@ pub fn activations(batch: usize, cols: usize, seed: u64) -> ActivationBatch {
     a.quantize(&x).expect("matching length");
     a.build_planes();
     a.build_lut();
+    a.build_perm();
     a
 }

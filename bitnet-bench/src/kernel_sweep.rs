@@ -123,6 +123,7 @@ fn activations(batch: usize, cols: usize) -> Result<ActivationBatch> {
     a.quantize(&x)?;
     a.build_planes();
     a.build_lut();
+    a.build_perm();
     Ok(a)
 }
 

@@ -234,7 +234,7 @@ struct KernelArgs {
     /// ISA levels to run (scalar, avx2, avx512); default every level this CPU has.
     #[arg(long = "isa", value_delimiter = ',', num_args = 1..)]
     isa: Vec<IsaLevel>,
-    /// Forms to run (fused, split, lut — tq1 only); default all.
+    /// Forms to run (fused, split, lut and perm — tq1 only); default all.
     #[arg(long = "form", value_delimiter = ',', num_args = 1..)]
     form: Vec<KernelForm>,
     /// MiB of weights in the streaming case (0 skips it).

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
 use bitnet_engine::formats::tq1_lut::lut_table_bytes;
+use bitnet_engine::formats::tq1_perm::perm_table_bytes;
 use bitnet_engine::instrument::{Level, Phase};
 use bitnet_engine::kernels::LUT_MAX_BATCH;
 use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
@@ -644,8 +645,13 @@ impl Runner for EngineRunner {
         // form, without tables).
         let repack = self.model.weights.repack_bytes(Some(c.kernel));
         let table_rows = rows.min(LUT_MAX_BATCH);
-        let tables =
-            if c.kernel.uses_lut() { table_rows * (lut_table_bytes(cfg.hidden) + lut_table_bytes(cfg.ffn)) } else { 0 };
+        let tables = if c.kernel.uses_perm() {
+            table_rows * (perm_table_bytes(cfg.hidden) + perm_table_bytes(cfg.ffn))
+        } else if c.kernel.uses_lut() {
+            table_rows * (lut_table_bytes(cfg.hidden) + lut_table_bytes(cfg.ffn))
+        } else {
+            0
+        };
         (kv + buffers + prompt + repack + tables) as u64
     }
 

@@ -10,6 +10,7 @@ use std::ops::Range;
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
 use crate::formats::tq1_lut::lut_table_bytes;
+use crate::formats::tq1_perm::perm_table_bytes;
 
 /// Activations are stored padded with zeros to a multiple of this many columns, so every kernel
 /// can read whole 256-wide blocks; zeros contribute nothing to any dot product.
@@ -51,6 +52,10 @@ pub struct ActivationBatch {
     /// `reserve_lut` asked for, or as the first `build_lut` call had.
     lut: AlignedBytes,
     lut_ready: bool,
+    /// `[batch, perm_table_bytes(cols)]`: each token's 32-entry tables for the `perm` form of
+    /// the TQ1 kernels (see `formats::tq1_perm`); filled by `build_perm`, reserved as `lut`.
+    perm: AlignedBytes,
+    perm_ready: bool,
 }
 
 /// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
@@ -149,6 +154,8 @@ impl ActivationBatch {
             planes_ready: false,
             lut: AlignedBytes::zeroed(0),
             lut_ready: false,
+            perm: AlignedBytes::zeroed(0),
+            perm_ready: false,
         })
     }
 
@@ -161,6 +168,7 @@ impl ActivationBatch {
         self.batch = batch;
         self.planes_ready = false;
         self.lut_ready = false;
+        self.perm_ready = false;
         Ok(())
     }
 
@@ -230,6 +238,7 @@ impl ActivationBatch {
         }
         self.planes_ready = false;
         self.lut_ready = false;
+        self.perm_ready = false;
     }
 
     /// Makes room for the lookup tables of up to `tokens` tokens (at most the capacity), so that
@@ -256,6 +265,29 @@ impl ActivationBatch {
             crate::kernels::build_lut_tables(x, &mut self.lut.as_mut_slice()[b * stride..(b + 1) * stride]);
         }
         self.lut_ready = true;
+    }
+
+    /// Makes room for the `perm` tables of up to `tokens` tokens, as [`Self::reserve_lut`].
+    pub fn reserve_perm(&mut self, tokens: usize) {
+        let bytes = tokens.min(self.capacity) * perm_table_bytes(self.cols);
+        if self.perm.len() < bytes {
+            self.perm = AlignedBytes::zeroed(bytes);
+        }
+    }
+
+    /// Builds every token's 32-entry lookup tables (for the `perm` form of the TQ1 kernels):
+    /// for each group of three columns, the sums of the 14 sign-normalized ternary patterns
+    /// and their complements. Grows the storage as [`Self::build_lut`] does. Never inlined:
+    /// part of the `quantize` stage.
+    #[inline(never)]
+    pub fn build_perm(&mut self) {
+        let stride = perm_table_bytes(self.cols);
+        self.reserve_perm(self.batch);
+        for b in 0..self.batch {
+            let x = &self.values.as_i8()[b * self.padded..b * self.padded + self.cols];
+            crate::kernels::build_perm_tables(x, &mut self.perm.as_mut_slice()[b * stride..(b + 1) * stride]);
+        }
+        self.perm_ready = true;
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
@@ -351,6 +383,15 @@ impl ActivationBatch {
     pub fn lut(&self, b: usize) -> &[u8] {
         let stride = lut_table_bytes(self.cols);
         &self.lut.as_slice()[b * stride..(b + 1) * stride]
+    }
+    pub fn perm_ready(&self) -> bool {
+        self.perm_ready
+    }
+    /// Token `b`'s `perm` tables, `perm_table_bytes(cols)` bytes; valid after `build_perm`.
+    #[inline]
+    pub fn perm(&self, b: usize) -> &[u8] {
+        let stride = perm_table_bytes(self.cols);
+        &self.perm.as_slice()[b * stride..(b + 1) * stride]
     }
     /// Token `b`'s bit-planes, `[8, plane_words]`; valid after `build_planes`.
     #[inline]

@@ -56,10 +56,14 @@ fn decode_steps_do_not_allocate() {
             // The lookup tables are built in the quantize stage into storage made at warm-up.
             cases.push((1, KvPrecision::F16, KernelForm::Lut, Level::Off));
             cases.push((3, KvPrecision::Int4, KernelForm::Lut, Level::Aggregate));
+            cases.push((2, KvPrecision::F16, KernelForm::Perm, Level::Off));
         }
         for (batch, kv, form, level) in cases {
             let mut opts = StateOptions::new(batch, 64, kv, 2);
-            opts.kernel = Some(Kernel::new(family, IsaLevel::best(), form).unwrap());
+            // (perm: portable where the CPU lacks AVX-512 VBMI)
+            let kernel =
+                Kernel::new(family, IsaLevel::best(), form).or_else(|_| Kernel::new(family, IsaLevel::Scalar, form));
+            opts.kernel = Some(kernel.unwrap());
             let mut st = State::new(&model, &opts).unwrap();
             st.set_instrument(level, 100_000);
             let seqs: Vec<usize> = (0..batch).collect();

@@ -61,6 +61,7 @@ fn activations(batch: usize, k: usize, seed: u64) -> ActivationBatch {
     a.quantize(&x).unwrap();
     a.build_planes();
     a.build_lut();
+    a.build_perm();
     a
 }
 
@@ -266,6 +267,7 @@ fn extreme_activations_equal_oracle() {
                 x.set_quantized(&vec![fill; b * k], &vec![0.25; b]).unwrap();
                 x.build_planes();
                 x.build_lut();
+                x.build_perm();
                 for format in WeightFormat::ALL {
                     let Some(w) = pack(format, &m) else { continue };
                     let want = oracle(&w, &x, 0..9);
@@ -306,6 +308,7 @@ fn sums_at_the_integer_limits_equal_oracle() {
             x.set_quantized(&vec![fill; b * k], &vec![0.5; b]).unwrap();
             x.build_planes();
             x.build_lut();
+            x.build_perm();
             for format in WeightFormat::ALL {
                 let Some(w) = pack(format, &m) else { continue };
                 let want = oracle(&w, &x, 0..rows);
@@ -451,6 +454,7 @@ fn tq1_long_rows_on_both_sides_of_the_i32_limit_equal_oracle() {
         let mut x = ActivationBatch::new(1, k).unwrap();
         x.quantize(&vec![-1.0; k]).unwrap();
         x.build_lut();
+        x.build_perm();
         assert_eq!(x.token(0)[k - 1], -127);
         let want = oracle(&w, &x, 0..n);
         for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
@@ -581,6 +585,7 @@ fn split_stages_run_alone() {
         x.quantize(&v).unwrap();
         x.build_planes();
         x.build_lut();
+        x.build_perm();
         let mut want = vec![0f32; n * b];
         Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Fused)
             .unwrap()
@@ -633,7 +638,8 @@ fn scratch_made_for_the_kernels_never_grows_and_holds_only_what_they_read() {
                     assert!(made.reordered > 0 && made.unpacked > 0, "{kernel}: {made:?}")
                 }
                 // Lookups up to LUT_MAX_BATCH, the decoded-rows kernel above: no reordering.
-                (KernelFamily::Tq1, IsaLevel::Avx2 | IsaLevel::Avx512, KernelForm::Lut) => {
+                (KernelFamily::Tq1, IsaLevel::Avx2 | IsaLevel::Avx512, KernelForm::Lut)
+                | (KernelFamily::Tq1, IsaLevel::Avx512, KernelForm::Perm) => {
                     assert!(made.reordered == 0 && made.unpacked > 0, "{kernel}: {made:?}");
                     assert_eq!(kernel.scratch_needs(padded, LUT_MAX_BATCH), none, "{kernel}");
                 }

@@ -103,16 +103,22 @@ fn tq1_forms_give_identical_logits_and_match_the_reference() {
     // The table-lookup form reads a repack of the same weights: prefill (a 6-row prompt) and
     // decode must give exactly the digit kernels' logits, on 1 and 2 threads.
     let tq1 = tiny(WeightFormat::Tq1_0);
+    // The perm form runs at AVX-512 with VBMI, else portable (never at AVX2).
+    let isa = |form: KernelForm| match Kernel::new(KernelFamily::Tq1, IsaLevel::best(), form) {
+        Ok(k) => k,
+        Err(_) => Kernel::new(KernelFamily::Tq1, IsaLevel::Scalar, form).unwrap(),
+    };
     let with = |form: KernelForm, threads: usize, prompt: &[u32]| {
         let mut o = StateOptions::new(1, tq1.config.max_context, KvPrecision::F16, threads);
         o.max_rows = 16;
-        o.kernel = Some(Kernel::new(KernelFamily::Tq1, IsaLevel::best(), form).unwrap());
+        o.kernel = Some(isa(form));
         greedy(&tq1, &mut State::new(&tq1, &o).unwrap(), prompt, 32, true).unwrap()
     };
     let fused = with(KernelForm::Fused, 2, &PROMPT);
     assert_matches_reference(&tq1, &PROMPT, &fused);
     for threads in [1, 2] {
         assert_eq!(with(KernelForm::Lut, threads, &PROMPT), fused, "lut on {threads} threads");
+        assert_eq!(with(KernelForm::Perm, threads, &PROMPT), fused, "{} on {threads} threads", isa(KernelForm::Perm));
     }
     assert_eq!(with(KernelForm::Split, 1, &PROMPT), fused);
     // A prompt of more than LUT_MAX_BATCH tokens: the lut form's prefill runs the digit kernel
@@ -122,6 +128,7 @@ fn tq1_forms_give_identical_logits_and_match_the_reference() {
     let fused_long = with(KernelForm::Fused, 2, &long);
     assert_matches_reference(&tq1, &long, &fused_long);
     assert_eq!(with(KernelForm::Lut, 2, &long), fused_long);
+    assert_eq!(with(KernelForm::Perm, 2, &long), fused_long);
 }
 
 #[test]

@@ -255,7 +255,10 @@ pub fn isolated_stages(
         if kernel.family() == bitnet_engine::KernelFamily::Xnor {
             x.build_planes();
         }
-        if kernel.uses_lut() {
+        if kernel.uses_perm() {
+            x.build_perm();
+            kernel.prepare(w);
+        } else if kernel.uses_lut() {
             x.build_lut();
             kernel.prepare(w);
         }

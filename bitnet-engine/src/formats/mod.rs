@@ -7,6 +7,7 @@ pub mod int8;
 pub mod q6k;
 pub mod tq1;
 pub mod tq1_lut;
+pub mod tq1_perm;
 pub mod tq2;
 
 use std::fmt;
@@ -22,6 +23,7 @@ pub use int8::Int8Rows;
 pub use q6k::{Q6kRows, Q6K_BLOCK_BYTES};
 pub use tq1::{BlockTq1_0, Tq1Matrix};
 pub use tq1_lut::Tq1LutMatrix;
+pub use tq1_perm::Tq1PermMatrix;
 pub use tq2::{BlockTq2_0, Tq2Matrix, QK_K};
 
 /// A dense matrix read weight by weight from a packed one through its plain decoder: how

@@ -15,6 +15,7 @@ use half::f16;
 use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 use crate::formats::tq1_lut::Tq1LutMatrix;
+use crate::formats::tq1_perm::Tq1PermMatrix;
 use crate::formats::tq2::{block_scale, check_qk, uniform_rows, QK_K};
 use crate::rng::SplitMix64;
 use crate::ternary::TernaryMatrix;
@@ -69,6 +70,8 @@ pub struct Tq1Matrix {
     digit_sums: Vec<i32>,
     /// The table-lookup repack, made on first use (see [`Tq1Matrix::lut`]).
     lut: super::Cache<Option<Tq1LutMatrix>>,
+    /// The 32-entry table-lookup repack, made on first use (see [`Tq1Matrix::perm`]).
+    perm: super::Cache<Option<Tq1PermMatrix>>,
 }
 
 impl Tq1Matrix {
@@ -114,7 +117,7 @@ impl Tq1Matrix {
         }
         let uniform = uniform_rows(&blocks, cols / QK_K, |b| b.d);
         let digit_sums = row_digit_sums(&blocks, cols / QK_K);
-        Ok(Self { rows, cols, blocks, uniform, digit_sums, lut: Default::default() })
+        Ok(Self { rows, cols, blocks, uniform, digit_sums, lut: Default::default(), perm: Default::default() })
     }
 
     /// Parses GGUF bytes (54 per block, row-major).
@@ -229,6 +232,17 @@ impl Tq1Matrix {
     /// Whether the repack has been made (or found impossible) already.
     pub fn lut_made(&self) -> bool {
         self.lut.0.get().is_some()
+    }
+
+    /// The 32-entry table-lookup repack of this matrix (for the `perm` form; made as
+    /// [`Tq1Matrix::lut`] is), or `None` when a row's blocks have different scales.
+    pub fn perm(&self) -> Option<&Tq1PermMatrix> {
+        self.perm.0.get_or_init(|| Tq1PermMatrix::from_tq1(self)).as_ref()
+    }
+
+    /// Whether the `perm` repack has been made (or found impossible) already.
+    pub fn perm_made(&self) -> bool {
+        self.perm.0.get().is_some()
     }
 }
 

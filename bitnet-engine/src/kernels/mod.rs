@@ -133,6 +133,12 @@ impl KernelFamily {
         match (self, isa) {
             (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
             (KernelFamily::Tq1, IsaLevel::Avx2) => KernelForm::Lut,
+            #[cfg(target_arch = "x86_64")]
+            (KernelFamily::Tq1, IsaLevel::Avx512)
+                if crate::cpu::avx512_on_256_bit_units() && x86_avx512::perm_supported() =>
+            {
+                KernelForm::Perm
+            }
             (KernelFamily::Tq1, IsaLevel::Avx512) if crate::cpu::avx512_on_256_bit_units() => KernelForm::Lut,
             _ => KernelForm::Fused,
         }
@@ -181,15 +187,22 @@ pub enum KernelForm {
     /// sums per group of three activations, and `vpshufb` does 32 lookups at once (see
     /// `formats::tq1_lut`).
     Lut,
+    /// `tq1` only, at the portable level and at AVX-512 with VBMI and GFNI: look sums up in
+    /// 32-entry tables with `vpermb`. Each group of three weights is one 5-bit code (pattern
+    /// index and sign, 1.67 bits per weight), and each token's table holds every pattern sum
+    /// and its negation, so a lookup is one `vpermb` and one add for 32 rows (see
+    /// `formats::tq1_perm`).
+    Perm,
 }
 
 impl KernelForm {
-    pub const ALL: [KernelForm; 3] = [KernelForm::Fused, KernelForm::Split, KernelForm::Lut];
+    pub const ALL: [KernelForm; 4] = [KernelForm::Fused, KernelForm::Split, KernelForm::Lut, KernelForm::Perm];
     pub fn name(self) -> &'static str {
         match self {
             KernelForm::Fused => "fused",
             KernelForm::Split => "split",
             KernelForm::Lut => "lut",
+            KernelForm::Perm => "perm",
         }
     }
 }
@@ -353,6 +366,23 @@ impl Kernel {
         if let Some(why) = isa.unsupported_reason() {
             return Err(Error::Unsupported(why));
         }
+        if form == KernelForm::Perm {
+            match isa {
+                IsaLevel::Scalar => {}
+                #[cfg(target_arch = "x86_64")]
+                IsaLevel::Avx512 if x86_avx512::perm_supported() => {}
+                IsaLevel::Avx512 => {
+                    return Err(Error::Unsupported(
+                        "the perm form needs AVX-512 VBMI (vpermb) and GFNI, which this CPU lacks".into(),
+                    ))
+                }
+                _ => {
+                    return Err(Error::Unsupported(format!(
+                        "the perm form has no {isa} path (it has: scalar, avx512 with VBMI and GFNI)"
+                    )))
+                }
+            }
+        }
         Ok(Self { family, isa, form })
     }
 
@@ -390,7 +420,7 @@ impl Kernel {
     /// 15.3/11.9; B=12–16 q/o 39.6–42.6/35.1–37.9 but down 11.4–14.8/13.6–14.6 (noisy), so the
     /// limit stays at 8.
     pub fn for_batch(self, batch: usize) -> Kernel {
-        if self.form == KernelForm::Lut && batch > LUT_MAX_BATCH {
+        if self.uses_lut() && batch > LUT_MAX_BATCH {
             Kernel { form: KernelForm::Fused, ..self }
         } else {
             self
@@ -451,9 +481,16 @@ impl Kernel {
         }
     }
 
-    /// Whether this kernel reads TQ1_0 weights through their table-lookup repack.
+    /// Whether this kernel reads TQ1_0 weights through a table-lookup repack and tables of
+    /// the tokens (the `lut` and `perm` forms; up to [`LUT_MAX_BATCH`] tokens).
     pub fn uses_lut(&self) -> bool {
-        self.family == KernelFamily::Tq1 && self.form == KernelForm::Lut
+        self.family == KernelFamily::Tq1 && matches!(self.form, KernelForm::Lut | KernelForm::Perm)
+    }
+
+    /// Whether those are the `perm` form's 32-entry ones ([`ActivationBatch::build_perm`]) rather
+    /// than the `lut` form's ([`ActivationBatch::build_lut`]).
+    pub fn uses_perm(&self) -> bool {
+        self.family == KernelFamily::Tq1 && self.form == KernelForm::Perm
     }
 
     /// Whether this kernel reads TQ2_0 weights through their codes without scales
@@ -467,6 +504,9 @@ impl Kernel {
     /// kernel's code copy), so that the first call does not pay for it.
     pub fn prepare(&self, w: &PackedWeights) {
         match w {
+            PackedWeights::Tq1(m) if self.uses_perm() => {
+                m.perm();
+            }
             PackedWeights::Tq1(m) if self.uses_lut() => {
                 m.lut();
             }
@@ -480,6 +520,7 @@ impl Kernel {
     /// Whether [`Kernel::prepare`] has nothing left to make for `w`.
     pub fn prepared(&self, w: &PackedWeights) -> bool {
         match w {
+            PackedWeights::Tq1(m) if self.uses_perm() => m.perm_made(),
             PackedWeights::Tq1(m) if self.uses_lut() => m.lut_made(),
             PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_made(),
             _ => true,
@@ -490,6 +531,9 @@ impl Kernel {
     /// fused AVX2 tq2 kernel's code copy.
     pub fn repack_bytes(&self, w: &PackedWeights) -> usize {
         match w {
+            PackedWeights::Tq1(_) if self.uses_perm() => {
+                crate::formats::tq1_perm::perm_matrix_bytes(w.rows(), w.cols())
+            }
             PackedWeights::Tq1(_) if self.uses_lut() => crate::formats::tq1_lut::lut_matrix_bytes(w.rows(), w.cols()),
             PackedWeights::Tq2(m) if self.uses_tq2_codes() => m.codes_byte_len(),
             _ => 0,
@@ -501,6 +545,7 @@ impl Kernel {
     /// scale and the blocks of the others; the matrix's own otherwise.
     pub fn bytes_read(&self, w: &PackedWeights) -> usize {
         match w {
+            PackedWeights::Tq1(m) if self.uses_perm() => m.perm().map_or(m.byte_len(), |p| p.byte_len()),
             PackedWeights::Tq1(m) if self.uses_lut() => m.lut().map_or(m.byte_len(), |l| l.byte_len()),
             PackedWeights::Tq2(m) if self.uses_tq2_codes() => {
                 let (uniform, rows) = (m.uniform_row_count(), m.rows());
@@ -565,9 +610,15 @@ impl Kernel {
                 out.len()
             )));
         }
-        if self.for_batch(x.batch()).form == KernelForm::Lut && !x.lut_ready() {
+        let ran = self.for_batch(x.batch());
+        if ran.form == KernelForm::Lut && !x.lut_ready() {
             return Err(Error::Shape(
                 "the lut kernels need activation tables: call ActivationBatch::build_lut first".into(),
+            ));
+        }
+        if ran.form == KernelForm::Perm && !x.perm_ready() {
+            return Err(Error::Shape(
+                "the perm kernels need activation tables: call ActivationBatch::build_perm first".into(),
             ));
         }
         if self.family == KernelFamily::Xnor && !x.planes_ready() {
@@ -1356,6 +1407,17 @@ pub(crate) fn build_lut_tables(x: &[i8], dst: &mut [u8]) {
         return x86_avx2::build_lut_tables(t, x, dst);
     }
     crate::formats::tq1_lut::build_token_tables_portable(x, dst)
+}
+
+/// One token's `perm` tables (`tq1_perm::build_perm_tables_portable`, the definition): with
+/// AVX-512 a group per step in registers (the `lut` builder's sums, each beside its
+/// complement). Integer arithmetic only, so every path writes the same bytes.
+pub(crate) fn build_perm_tables(x: &[i8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return x86_avx512::build_perm_tables(t, x, dst);
+    }
+    crate::formats::tq1_perm::build_perm_tables_portable(x, dst)
 }
 
 /// Columns `cols` of a `[r_n, c_n]` f32 matrix, transposed into `dst` (`dst[c − cols.start][r] =

@@ -10,8 +10,8 @@ use crate::formats::tq1::{tq1_digit, tq1_position};
 use crate::formats::tq1_lut::{LUT_H_WEIGHT, LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS};
 use crate::formats::tq2::tq2_position;
 use crate::formats::{
-    BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix, Tq2Matrix,
-    QK_K,
+    BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix,
+    Tq1PermMatrix, Tq2Matrix, QK_K,
 };
 use crate::instrument::{clock, TIMED_TILE_EVERY};
 
@@ -54,6 +54,23 @@ pub(crate) trait IsaOps: Copy {
     /// The table-lookup form of `tq1`: rows of the repack against the tokens' tables (see
     /// `formats::tq1_lut`; `x.lut_ready()` is checked by `Kernel::check`).
     fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
+    /// The 32-entry table-lookup form of `tq1` (see `formats::tq1_perm`; `x.perm_ready()` is
+    /// checked by `Kernel::check`). Portable unless a level has its own.
+    fn tq1_perm(self, w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+        tq1_perm_portable(w, x, rows, out)
+    }
+}
+
+/// The `perm` form, row by row from the portable definition of its sums
+/// ([`Tq1PermMatrix::dot_portable`]).
+pub(crate) fn tq1_perm_portable(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    let batch = x.batch();
+    for (i, r) in rows.enumerate() {
+        for b in 0..batch {
+            let isum = w.dot_portable(r, x.perm(b));
+            out[i * batch + b] = finish_blocks(w.scale(r).to_f64() * isum as f64, x.scale(b));
+        }
+    }
 }
 
 /// Runs `form` with the primitives of `isa`.
@@ -81,7 +98,11 @@ pub(crate) fn run<I: IsaOps>(
             Some(l) => isa.tq1_lut(l, x, rows, out),
             None => isa.tq1_fused(m, x, rows, out, scratch),
         },
-        (KernelForm::Lut, _) => unreachable!("Kernel::new gives the lut form to tq1 only"),
+        (KernelForm::Perm, PackedWeights::Tq1(m)) => match m.perm() {
+            Some(p) => isa.tq1_perm(p, x, rows, out),
+            None => isa.tq1_fused(m, x, rows, out, scratch),
+        },
+        (KernelForm::Lut | KernelForm::Perm, _) => unreachable!("Kernel::new gives the lookup forms to tq1 only"),
     }
 }
 

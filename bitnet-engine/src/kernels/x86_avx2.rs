@@ -1513,46 +1513,73 @@ pub(crate) fn build_lut_tables(_t: Avx2, x: &[i8], dst: &mut [u8]) {
 
 #[target_feature(enable = "avx2")]
 unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
-    use crate::formats::tq1_lut::{build_groups_portable, lut_groups, lut_pattern};
+    use crate::formats::tq1_lut::{build_groups_portable, lut_groups};
     let groups = lut_groups(x.len());
     assert_eq!(dst.len(), groups / 2 * LUT_PAIR_TABLE_BYTES, "build_lut_tables: table size");
     // Pair P reads bytes 6P .. 6P + 7 (group 2P + 1's c with the byte after it).
     let pairs = if x.len() >= 7 { ((x.len() - 7) / 6 + 1).min(groups / 2) } else { 0 };
-    // Word lane p: bytes (t₀(p), t₁(p)) and (t₂(p), 0); the offset 128·Σtᵢ(p) comes back off.
-    let mut w01 = [0i8; 32];
-    let mut w2 = [0i8; 32];
-    let mut off = [0i16; 16];
-    for p in 0..14 {
-        let t = lut_pattern(p);
-        (w01[2 * p], w01[2 * p + 1], w2[2 * p]) = (t[0], t[1], t[2]);
-        off[p] = -128 * (t[0] as i16 + t[1] as i16 + t[2] as i16);
-    }
-    let w01 = load(w01.as_ptr() as *const u8);
-    let w2 = load(w2.as_ptr() as *const u8);
-    let off = load(off.as_ptr() as *const u8);
-    let flip = _mm256_set1_epi8(-128);
-    let (half_h, low_byte) = (_mm256_set1_epi16(LUT_H_WEIGHT / 2), _mm256_set1_epi16(0xff));
-    // Per 128-bit lane: the words' 8 low (l) bytes, then their 8 high (h) bytes.
-    let split = _mm256_setr_epi8(
-        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-    );
-    let group = |k: usize| -> __m256i {
-        let ab = _mm256_xor_si256(_mm256_set1_epi16((x.as_ptr().add(k) as *const i16).read_unaligned()), flip);
-        let c = _mm256_xor_si256(_mm256_set1_epi16((x.as_ptr().add(k + 2) as *const i16).read_unaligned()), flip);
-        let v = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ab, w01), _mm256_maddubs_epi16(c, w2)), off);
-        // h = (v + 16) >> 5 and l = v − 32h in one word as (l, h) bytes.
-        let h = _mm256_srai_epi16::<5>(_mm256_add_epi16(v, half_h));
-        let l = _mm256_sub_epi16(v, _mm256_slli_epi16::<5>(h));
-        let lh = _mm256_or_si256(_mm256_and_si256(l, low_byte), _mm256_slli_epi16::<8>(h));
-        // [l bytes of p 0–15 | h bytes of p 0–15]
-        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(lh, split))
-    };
+    let sums = LutGroupSums::new();
     for pr in 0..pairs {
-        let (a, b) = (group(6 * pr), group(6 * pr + 3));
+        let (a, b) = (sums.group(x.as_ptr().add(6 * pr)), sums.group(x.as_ptr().add(6 * pr + 3)));
         store(dst.as_mut_ptr().add(pr * LUT_PAIR_TABLE_BYTES), _mm256_permute2x128_si256::<0x20>(a, b));
         store(dst.as_mut_ptr().add(pr * LUT_PAIR_TABLE_BYTES + 32), _mm256_permute2x128_si256::<0x31>(a, b));
     }
     build_groups_portable(x, dst, 2 * pairs..groups);
+}
+
+/// One group's 16 pattern sums (`tq1_lut::build_groups_portable`), split into (l, h) bytes:
+/// the sums in i16 lanes from two `vpmaddubsw` against constant trit pairs (activations offset
+/// to unsigned, the offset taken back by a constant). Shared by the `lut` and `perm` table
+/// builders.
+pub(crate) struct LutGroupSums {
+    w01: __m256i,
+    w2: __m256i,
+    off: __m256i,
+    split: __m256i,
+}
+
+impl LutGroupSums {
+    #[inline(always)]
+    pub(crate) unsafe fn new() -> Self {
+        use crate::formats::tq1_lut::lut_pattern;
+        // Word lane p: bytes (t₀(p), t₁(p)) and (t₂(p), 0); the offset 128·Σtᵢ(p) comes back off.
+        let mut w01 = [0i8; 32];
+        let mut w2 = [0i8; 32];
+        let mut off = [0i16; 16];
+        for p in 0..14 {
+            let t = lut_pattern(p);
+            (w01[2 * p], w01[2 * p + 1], w2[2 * p]) = (t[0], t[1], t[2]);
+            off[p] = -128 * (t[0] as i16 + t[1] as i16 + t[2] as i16);
+        }
+        // Per 128-bit lane: the words' 8 low (l) bytes, then their 8 high (h) bytes.
+        let split = _mm256_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+        );
+        Self {
+            w01: load(w01.as_ptr() as *const u8),
+            w2: load(w2.as_ptr() as *const u8),
+            off: load(off.as_ptr() as *const u8),
+            split,
+        }
+    }
+
+    /// `[l bytes of p 0–15 | h bytes of p 0–15]` of the group of activations `x[0..3]`; reads
+    /// `x[0..4]`.
+    #[inline(always)]
+    pub(crate) unsafe fn group(&self, x: *const i8) -> __m256i {
+        let flip = _mm256_set1_epi8(-128);
+        let ab = _mm256_xor_si256(_mm256_set1_epi16((x as *const i16).read_unaligned()), flip);
+        let c = _mm256_xor_si256(_mm256_set1_epi16((x.add(2) as *const i16).read_unaligned()), flip);
+        let v = _mm256_add_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(ab, self.w01), _mm256_maddubs_epi16(c, self.w2)),
+            self.off,
+        );
+        // h = (v + 16) >> 5 and l = v − 32h in one word as (l, h) bytes.
+        let h = _mm256_srai_epi16::<5>(_mm256_add_epi16(v, _mm256_set1_epi16(LUT_H_WEIGHT / 2)));
+        let l = _mm256_sub_epi16(v, _mm256_slli_epi16::<5>(h));
+        let lh = _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi16(0xff)), _mm256_slli_epi16::<8>(h));
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(lh, self.split))
+    }
 }
 
 /// Spans summed in i16 lanes before they are widened: a lane takes one group per pair, eight
@@ -1619,17 +1646,20 @@ pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
     let batch = x.batch();
     let (first, end) = (rows.start / LUT_TILE_ROWS, rows.end.div_ceil(LUT_TILE_ROWS));
     let spans = w.spans();
+    let lr = LookupRows { scales: w.row_scales(), negated: w.negated_counts() };
+    let r0 = |t: usize| t * LUT_TILE_ROWS;
     let mut t = first;
     while t < end {
         if batch == 1 {
             let table = [x.lut(0).as_ptr()];
             if t + 2 <= end {
                 let sums = lut_tiles::<S, 2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, true);
-                lut_emit(w, x, &rows, out, t, 0, &sums[0][0]);
-                lut_emit(w, x, &rows, out, t + 1, 0, &sums[1][0]);
+                lut_emit(lr, x, &rows, out, r0(t), 0, &sums[0][0]);
+                lut_emit(lr, x, &rows, out, r0(t + 1), 0, &sums[1][0]);
                 t += 2;
             } else {
-                lut_emit(w, x, &rows, out, t, 0, &lut_tiles::<S, 1, 1>([w.tile(t).as_ptr()], table, spans, true)[0][0]);
+                let sums = lut_tiles::<S, 1, 1>([w.tile(t).as_ptr()], table, spans, true);
+                lut_emit(lr, x, &rows, out, r0(t), 0, &sums[0][0]);
                 t += 1;
             }
             continue;
@@ -1649,7 +1679,7 @@ pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
                 _ => sums = lut_tiles::<S, 1, LUT_TOKENS>(src, std::array::from_fn(tb), spans, prefetch)[0],
             }
             for (i, s) in sums[..g].iter().enumerate() {
-                lut_emit(w, x, &rows, out, t, b0 + i, s);
+                lut_emit(lr, x, &rows, out, r0(t), b0 + i, s);
             }
             b0 += g;
         }
@@ -1663,46 +1693,58 @@ pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
 /// the intrinsics in a closure there were left as calls.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn lut_emit(
-    w: &Tq1LutMatrix,
+pub(crate) unsafe fn lut_emit(
+    w: LookupRows,
     x: &ActivationBatch,
     rows: &Range<usize>,
     out: &mut [f32],
-    tile: usize,
+    r0: usize,
     b: usize,
-    sums: &[__m256i; 2],
+    sums: &[__m256i],
 ) {
+    // Rows of the tile: 16 (`lut`) or 32 (`perm`).
+    const MAX_ROWS: usize = 32;
+    let n = 8 * sums.len();
+    debug_assert!(n <= MAX_ROWS);
     let batch = x.batch();
-    let r0 = tile * LUT_TILE_ROWS;
-    if rows.start <= r0 && r0 + LUT_TILE_ROWS <= rows.end {
+    if rows.start <= r0 && r0 + n <= rows.end {
         if batch == 1 {
-            let o = out[r0 - rows.start..r0 - rows.start + LUT_TILE_ROWS].as_mut_ptr();
+            let o = out[r0 - rows.start..r0 - rows.start + n].as_mut_ptr();
             for (h, v) in sums.iter().enumerate() {
                 lut_finish8(w, r0 + 8 * h, *v, x.scale(0), o.add(8 * h));
             }
         } else {
             // Token b's outputs lie `batch` apart: made in vectors as for one token, then
             // stored one by one (the scalar epilogue cost 12–15% of a batched tile's time).
-            let mut row_out = [0f32; LUT_TILE_ROWS];
+            let mut row_out = [0f32; MAX_ROWS];
             for (h, v) in sums.iter().enumerate() {
                 lut_finish8(w, r0 + 8 * h, *v, x.scale(b), row_out.as_mut_ptr().add(8 * h));
             }
-            for (o, v) in out[(r0 - rows.start) * batch + b..].iter_mut().step_by(batch).zip(row_out) {
-                *o = v;
+            for (o, v) in out[(r0 - rows.start) * batch + b..].iter_mut().step_by(batch).zip(&row_out[..n]) {
+                *o = *v;
             }
         }
         return;
     }
-    let mut s = [0i32; LUT_TILE_ROWS];
-    _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, sums[0]);
-    _mm256_storeu_si256(s.as_mut_ptr().add(8) as *mut __m256i, sums[1]);
-    for (j, &sum) in s.iter().enumerate() {
+    let mut s = [0i32; MAX_ROWS];
+    for (h, v) in sums.iter().enumerate() {
+        _mm256_storeu_si256(s.as_mut_ptr().add(8 * h) as *mut __m256i, *v);
+    }
+    for (j, &sum) in s[..n].iter().enumerate() {
         let r = r0 + j;
         if rows.contains(&r) {
-            let dot = sum + LUT_NEGATION_BIAS * w.negated(r);
-            out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scale(r)) * dot as f64, x.scale(b));
+            let dot = sum + LUT_NEGATION_BIAS * w.negated[r];
+            out[(r - rows.start) * batch + b] = finish_blocks(f16_to_f64(w.scales[r]) * dot as f64, x.scale(b));
         }
     }
+}
+
+/// What a table-lookup kernel's epilogue reads of its repacked matrix: each row's scale and
+/// count of negated groups (`Tq1LutMatrix` and `Tq1PermMatrix` alike).
+#[derive(Clone, Copy)]
+pub(crate) struct LookupRows<'a> {
+    pub(crate) scales: &'a [half::f16],
+    pub(crate) negated: &'a [i32],
 }
 
 /// One token's outputs of rows `r..r+8` (all in the caller's range) from their sums, in
@@ -1712,10 +1754,10 @@ unsafe fn lut_emit(
 /// 2560-wide row's lookups. The batched path runs it per token too, its caller storing the
 /// 16 outputs `batch` apart.
 #[inline(always)]
-unsafe fn lut_finish8(w: &Tq1LutMatrix, r: usize, sums: __m256i, x_scale: f32, out: *mut f32) {
-    let negated = load(w.negated_counts()[r..r + 8].as_ptr() as *const u8);
+unsafe fn lut_finish8(w: LookupRows, r: usize, sums: __m256i, x_scale: f32, out: *mut f32) {
+    let negated = load(w.negated[r..r + 8].as_ptr() as *const u8);
     let dot = _mm256_add_epi32(sums, _mm256_mullo_epi32(negated, _mm256_set1_epi32(LUT_NEGATION_BIAS)));
-    let d = _mm256_cvtph_ps(_mm_loadu_si128(w.row_scales()[r..r + 8].as_ptr() as *const __m128i));
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(w.scales[r..r + 8].as_ptr() as *const __m128i));
     let xs = _mm_set1_ps(x_scale);
     for h in 0..2 {
         let (dh, doth) = if h == 0 {

@@ -161,7 +161,8 @@ impl State {
         let kernels = || model.weights.layers.iter().flat_map(|l| l.linears()).map(|w| kernel_for(kernel, w));
         let extras = ActivationExtras {
             planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor),
-            lut: kernels().any(|k| k.uses_lut()),
+            lut: kernels().any(|k| k.uses_lut() && !k.uses_perm()),
+            perm: kernels().any(|k| k.uses_perm()),
         };
         // Repacks made now, in parallel, rather than by the first matmul of each matrix mid-run.
         model.weights.prepare_repacks(kernel, opts.threads);
@@ -180,6 +181,10 @@ impl State {
             // Tables are built for batches of up to LUT_MAX_BATCH tokens only (`quantize`).
             act_hidden.reserve_lut(LUT_MAX_BATCH);
             act_ffn.reserve_lut(LUT_MAX_BATCH);
+        }
+        if extras.perm {
+            act_hidden.reserve_perm(LUT_MAX_BATCH);
+            act_ffn.reserve_perm(LUT_MAX_BATCH);
         }
         let padded = act_hidden.padded_cols().max(act_ffn.padded_cols());
         Ok(Self {
@@ -539,6 +544,9 @@ fn quantize(extras: ActivationExtras, act: &mut ActivationBatch, x: &[f32]) -> R
     if extras.lut && act.batch() <= LUT_MAX_BATCH {
         act.build_lut();
     }
+    if extras.perm && act.batch() <= LUT_MAX_BATCH {
+        act.build_perm();
+    }
     Ok(())
 }
 
@@ -549,6 +557,8 @@ struct ActivationExtras {
     planes: bool,
     /// Lookup tables (the `lut` form of tq1).
     lut: bool,
+    /// 32-entry lookup tables (the `perm` form of tq1).
+    perm: bool,
 }
 
 /// `out[rows, N] = act × wᵀ`: the kernel writes `[N, rows]` into `mm`, split by output rows
