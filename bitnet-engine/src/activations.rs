@@ -432,6 +432,30 @@ mod tests {
     }
 
     #[test]
+    fn perm_tables_equal_their_definition_and_fill_reserved_room() {
+        // Short rows (the SIMD builder's tail only), odd lengths, and the model widths, with
+        // the extreme values −127 and 127 among them.
+        for cols in [1usize, 3, 4, 5, 7, 24, 25, 1536, 2561, 6912] {
+            let stride = perm_table_bytes(cols);
+            let mut a = ActivationBatch::new(3, cols).unwrap();
+            a.reserve_perm(2);
+            let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 31 % 101) as f32 - 50.0) / 7.0).collect();
+            for batch in [2, 3] {
+                a.set_batch(batch).unwrap();
+                a.quantize(&x[..batch * cols]).unwrap();
+                a.build_perm();
+                assert!(a.perm_ready());
+                assert_eq!(a.perm.len(), batch.max(2) * stride);
+                for b in 0..batch {
+                    let mut one = vec![0u8; stride];
+                    crate::formats::tq1_perm::build_perm_tables_portable(&a.token(b)[..cols], &mut one);
+                    assert!(a.perm(b) == one.as_slice(), "K={cols}, B={batch}, token {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn lut_tables_fill_reserved_room_and_grow_only_past_it() {
         let (cols, stride) = (2560, lut_table_bytes(2560));
         let mut a = ActivationBatch::new(64, cols).unwrap();

@@ -57,7 +57,7 @@ pub const fn lut_split(v: i16) -> (i8, i8) {
 
 /// Groups of a row of `cols` weights, rounded up to whole spans.
 pub fn lut_groups(cols: usize) -> usize {
-    cols.div_ceil(LUT_GROUP).div_ceil(LUT_SPAN_GROUPS) * LUT_SPAN_GROUPS
+    lookup_groups::<ShuffleLayout>(cols)
 }
 
 /// Bytes of one token's tables for rows of `cols` weights.
@@ -67,7 +67,7 @@ pub fn lut_table_bytes(cols: usize) -> usize {
 
 /// Bytes of the repack of a `rows × cols` matrix.
 pub fn lut_matrix_bytes(rows: usize, cols: usize) -> usize {
-    rows.div_ceil(LUT_TILE_ROWS) * LUT_TILE_ROWS * lut_groups(cols) / LUT_SPAN_GROUPS * LUT_SPAN_BYTES / LUT_TILE_ROWS
+    lookup_matrix_bytes::<ShuffleLayout>(rows, cols)
 }
 
 /// The three weights of sign-normalized pattern `p` (balanced-ternary digits of p, least
@@ -142,22 +142,95 @@ fn group_table(a: i16, b: i16, c: i16) -> [i16; 16] {
     t
 }
 
-/// A TQ1_0 matrix repacked for table lookup (see the module docs). Built from a
-/// [`Tq1Matrix`] whose rows each have one scale for all their blocks.
+/// Code bit of a negated group: a group's code is its pattern index `p`, plus this if the
+/// group is stored negated (both lookup repacks hold these 5 bits per group, each its own way).
+pub const LUT_NEGATED: u8 = 16;
+
+/// The code of three weights: `|t₀ + 3t₁ + 9t₂|`, plus [`LUT_NEGATED`] if that sum is negative.
+#[inline]
+pub fn lut_code(t: [i8; 3]) -> u8 {
+    // In i8 lanes (|t₀ + 3t₁ + 9t₂| ≤ 13), a form LLVM vectorizes over a row.
+    let v = t[0] + 3 * t[1] + 9 * t[2];
+    v.unsigned_abs() | ((v < 0) as u8) << 4
+}
+
+/// How a lookup repack lays out its tiles: what differs between the `lut` repack
+/// ([`ShuffleLayout`], `vpshufb`) and the `perm` one (`tq1_perm::PermLayout`, `vpermb`). A tile
+/// is `TILE_ROWS` rows; a row's groups go in spans of `SPAN_GROUPS`, each span of a tile in
+/// `SPAN_BYTES` bytes, spans one after another.
+pub trait LookupLayout {
+    const TILE_ROWS: usize;
+    const SPAN_GROUPS: usize;
+    const SPAN_BYTES: usize;
+    /// Writes the codes ([`lut_code`]) of row j of the tile for one span into its bytes.
+    fn write_row(span: &mut [u8], j: usize, codes: &[u8]);
+    /// The code of group g of the span, row j of the tile.
+    fn read_code(span: &[u8], j: usize, g: usize) -> u8;
+}
+
+/// The `lut` repack's layout (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShuffleLayout;
+
+impl LookupLayout for ShuffleLayout {
+    const TILE_ROWS: usize = LUT_TILE_ROWS;
+    const SPAN_GROUPS: usize = LUT_SPAN_GROUPS;
+    const SPAN_BYTES: usize = LUT_SPAN_BYTES;
+
+    #[inline]
+    fn write_row(span: &mut [u8], j: usize, c: &[u8]) {
+        let p = |g: usize| c[g] & (LUT_NEGATED - 1);
+        for h in 0..2 {
+            let lane = 16 * h + j;
+            // Vector v: group 4v + h in the low nibble, 4v + 2 + h in the high one.
+            for v in 0..4 {
+                span[32 * v + lane] = p(4 * v + h) | p(4 * v + 2 + h) << 4;
+            }
+            // Bit 7 − k: the sign of group 2k + h.
+            span[128 + lane] = (0..8).fold(0u8, |b, k| b | (c[2 * k + h] >> 4) << (7 - k));
+        }
+    }
+
+    #[inline]
+    fn read_code(span: &[u8], j: usize, g: usize) -> u8 {
+        let (h, pair) = (g % 2, g / 2);
+        let lane = 16 * h + j;
+        let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
+        p | (span[128 + lane] >> (7 - pair) & 1) << 4
+    }
+}
+
+/// A TQ1_0 matrix repacked for table lookup in layout `L` (see the module docs and
+/// `tq1_perm`'s). Built from a [`Tq1Matrix`] whose rows each have one scale for all their
+/// blocks.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Tq1LutMatrix {
+pub struct LookupRepack<L> {
     rows: usize,
     cols: usize,
-    /// `[tiles, spans, LUT_SPAN_BYTES]`.
+    /// `[tiles, spans, L::SPAN_BYTES]`.
     data: PageVec<u8>,
     /// `[rows]`: the row's (uniform) block scale.
     scales: Vec<half::f16>,
-    /// `[rows]`: groups stored negated: the kernels complement a looked-up sum (−v − 33) and
-    /// add these back times [`LUT_NEGATION_BIAS`].
+    /// `[rows]`: groups stored negated: the kernels look up or make −v − 33 for them and add
+    /// these back times [`LUT_NEGATION_BIAS`].
     negated: Vec<i32>,
+    layout: std::marker::PhantomData<L>,
 }
 
-impl Tq1LutMatrix {
+/// The `lut` form's repack.
+pub type Tq1LutMatrix = LookupRepack<ShuffleLayout>;
+
+/// Groups of a row of `cols` weights in layout `L`, rounded up to whole spans.
+pub fn lookup_groups<L: LookupLayout>(cols: usize) -> usize {
+    cols.div_ceil(LUT_GROUP).div_ceil(L::SPAN_GROUPS) * L::SPAN_GROUPS
+}
+
+/// Bytes of the repack of a `rows × cols` matrix in layout `L`.
+pub fn lookup_matrix_bytes<L: LookupLayout>(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(L::TILE_ROWS) * lookup_groups::<L>(cols) / L::SPAN_GROUPS * L::SPAN_BYTES
+}
+
+impl<L: LookupLayout> LookupRepack<L> {
     /// The repack of `m`, or `None` when a row's blocks have different scales (the integer sum
     /// of a whole row would then be wrong; those matrices stay with the digit kernels).
     pub fn from_tq1(m: &Tq1Matrix) -> Option<Self> {
@@ -165,77 +238,60 @@ impl Tq1LutMatrix {
             return None;
         }
         let (rows, cols) = (m.rows(), m.cols());
-        let spans = lut_groups(cols) / LUT_SPAN_GROUPS;
-        let tiles = rows.div_ceil(LUT_TILE_ROWS);
-        let mut data = PageVec::<u8>::zeroed(tiles * spans * LUT_SPAN_BYTES);
+        let groups = lookup_groups::<L>(cols);
+        let spans = groups / L::SPAN_GROUPS;
+        let tiles = rows.div_ceil(L::TILE_ROWS);
+        let mut data = PageVec::<u8>::zeroed(tiles * spans * L::SPAN_BYTES);
         let mut negated = vec![0i32; rows];
         // A row decoded at a time (zero beyond K), then encoded a group at a time, then each
-        // span's ten bytes of the row written whole: a 2B4T TQ1 GGUF loads in 1.2–1.4 s with two
+        // span's bytes of the row written whole: a 2B4T TQ1 GGUF loads in 1.2–1.4 s with two
         // threads, where or-ing each group's nibble and sign bit into the span had taken 3.1–3.4.
-        let groups = lut_groups(cols);
         let mut row = vec![0i8; 3 * groups];
         let mut codes = vec![0u8; groups];
-        let mut signs = vec![0u8; groups];
         for r in 0..rows {
             m.decode_row(r, &mut row[..cols]);
-            // `lut_encode` in i8 lanes (|t₀ + 3t₁ + 9t₂| ≤ 13), in a form LLVM vectorizes.
-            for ((c, n), t) in codes.iter_mut().zip(signs.iter_mut()).zip(row.chunks_exact(3)) {
-                let v = t[0] + 3 * t[1] + 9 * t[2];
-                (*c, *n) = (v.unsigned_abs(), (v < 0) as u8);
+            for (c, t) in codes.iter_mut().zip(row.chunks_exact(3)) {
+                *c = lut_code([t[0], t[1], t[2]]);
             }
-            negated[r] = signs.iter().map(|&n| n as i32).sum();
-            let (tile, j) = (r / LUT_TILE_ROWS, r % LUT_TILE_ROWS);
+            negated[r] = codes.iter().map(|&c| (c >> 4) as i32).sum();
+            let (tile, j) = (r / L::TILE_ROWS, r % L::TILE_ROWS);
             let tile_spans =
-                data[tile * spans * LUT_SPAN_BYTES..][..spans * LUT_SPAN_BYTES].chunks_exact_mut(LUT_SPAN_BYTES);
-            for ((span, c), n) in
-                tile_spans.zip(codes.chunks_exact(LUT_SPAN_GROUPS)).zip(signs.chunks_exact(LUT_SPAN_GROUPS))
-            {
-                for h in 0..2 {
-                    let lane = 16 * h + j;
-                    // Vector v: group 4v + h in the low nibble, 4v + 2 + h in the high one.
-                    for v in 0..4 {
-                        span[32 * v + lane] = c[4 * v + h] | c[4 * v + 2 + h] << 4;
-                    }
-                    // Bit 7 − k: the sign of group 2k + h.
-                    span[128 + lane] = (0..8).fold(0u8, |b, k| b | n[2 * k + h] << (7 - k));
-                }
+                data[tile * spans * L::SPAN_BYTES..][..spans * L::SPAN_BYTES].chunks_exact_mut(L::SPAN_BYTES);
+            for (span, c) in tile_spans.zip(codes.chunks_exact(L::SPAN_GROUPS)) {
+                L::write_row(span, j, c);
             }
         }
         let scales = (0..rows).map(|r| m.row(r)[0].d).collect();
-        Some(Self { rows, cols, data, scales, negated })
+        Some(Self { rows, cols, data, scales, negated, layout: std::marker::PhantomData })
+    }
+
+    /// Group g's code in row `row` as stored ([`lut_code`]).
+    #[inline]
+    pub fn code(&self, row: usize, g: usize) -> u8 {
+        L::read_code(self.span(row / L::TILE_ROWS, g / L::SPAN_GROUPS), row % L::TILE_ROWS, g % L::SPAN_GROUPS)
     }
 
     /// Ternary value at (row, col), decoded from the repacked bytes (the test oracle's view).
     pub fn get(&self, row: usize, col: usize) -> i8 {
-        let (p, neg) = self.group_code(row, col / LUT_GROUP);
-        let t = lut_pattern(p as usize)[col % LUT_GROUP];
-        if neg {
+        let c = self.code(row, col / LUT_GROUP);
+        let t = lut_pattern((c & (LUT_NEGATED - 1)) as usize)[col % LUT_GROUP];
+        if c & LUT_NEGATED != 0 {
             -t
         } else {
             t
         }
     }
 
-    /// Group g of row `row` as stored: its pattern index and whether it is negated.
-    #[inline]
-    pub fn group_code(&self, row: usize, g: usize) -> (u8, bool) {
-        let span = self.span(row / LUT_TILE_ROWS, g / LUT_SPAN_GROUPS);
-        let (h, pair) = (g % 2, g % LUT_SPAN_GROUPS / 2);
-        let lane = 16 * h + row % LUT_TILE_ROWS;
-        let p = (span[32 * (pair / 2) + lane] >> (4 * (pair % 2))) & 15;
-        (p, span[128 + lane] >> (7 - pair) & 1 == 1)
-    }
-
-    /// The `LUT_SPAN_BYTES` of span `s` of tile `tile`.
+    /// The `L::SPAN_BYTES` of span `s` of tile `tile`.
     #[inline]
     pub fn span(&self, tile: usize, s: usize) -> &[u8] {
-        &self.data[(tile * self.spans() + s) * LUT_SPAN_BYTES..][..LUT_SPAN_BYTES]
+        &self.data[(tile * self.spans() + s) * L::SPAN_BYTES..][..L::SPAN_BYTES]
     }
 
     /// Tile `tile`'s bytes: its spans back to back.
     #[inline]
     pub fn tile(&self, tile: usize) -> &[u8] {
-        let n = self.spans() * LUT_SPAN_BYTES;
+        let n = self.spans() * L::SPAN_BYTES;
         &self.data[tile * n..(tile + 1) * n]
     }
 
@@ -246,10 +302,10 @@ impl Tq1LutMatrix {
         self.cols
     }
     pub fn tiles(&self) -> usize {
-        self.rows.div_ceil(LUT_TILE_ROWS)
+        self.rows.div_ceil(L::TILE_ROWS)
     }
     pub fn spans(&self) -> usize {
-        lut_groups(self.cols) / LUT_SPAN_GROUPS
+        lookup_groups::<L>(self.cols) / L::SPAN_GROUPS
     }
     /// Row `r`'s block scale.
     #[inline]

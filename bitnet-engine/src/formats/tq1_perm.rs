@@ -29,9 +29,10 @@
 //!
 //! So a span of a tile is 32 rows × 24 weights in 160 bytes, and a tile is one ascending stream.
 
-use crate::aligned::PageVec;
-use crate::formats::tq1_lut::{lut_encode, lut_pattern, lut_split, LUT_GROUP, LUT_NEGATION_BIAS};
-use crate::formats::Tq1Matrix;
+use crate::formats::tq1_lut::{
+    lookup_groups, lookup_matrix_bytes, lut_pattern, lut_split, LookupLayout, LookupRepack, LUT_H_WEIGHT,
+    LUT_NEGATION_BIAS,
+};
 
 /// Rows per tile: one byte per row fills a 32-byte vector.
 pub const PERM_TILE_ROWS: usize = 32;
@@ -41,12 +42,10 @@ pub const PERM_SPAN_GROUPS: usize = 8;
 pub const PERM_SPAN_BYTES: usize = 160;
 /// Bytes of one group's table for one token: 32 l bytes, then 32 h bytes.
 pub const PERM_GROUP_TABLE_BYTES: usize = 64;
-/// Code bit that marks a negated group.
-pub const PERM_NEGATED: u8 = 16;
 
 /// Groups of a row of `cols` weights, rounded up to whole spans.
 pub fn perm_groups(cols: usize) -> usize {
-    cols.div_ceil(LUT_GROUP).div_ceil(PERM_SPAN_GROUPS) * PERM_SPAN_GROUPS
+    lookup_groups::<PermLayout>(cols)
 }
 
 /// Bytes of one token's tables for rows of `cols` weights.
@@ -56,7 +55,7 @@ pub fn perm_table_bytes(cols: usize) -> usize {
 
 /// Bytes of the repack of a `rows × cols` matrix.
 pub fn perm_matrix_bytes(rows: usize, cols: usize) -> usize {
-    rows.div_ceil(PERM_TILE_ROWS) * perm_groups(cols) / PERM_SPAN_GROUPS * PERM_SPAN_BYTES
+    lookup_matrix_bytes::<PermLayout>(rows, cols)
 }
 
 /// Writes one token's tables (`perm_table_bytes(x.len())` bytes; `x` is the token's K int8
@@ -90,136 +89,43 @@ pub(crate) fn build_perm_groups_portable(x: &[i8], dst: &mut [u8], groups: std::
     }
 }
 
-/// A TQ1_0 matrix repacked for 32-entry table lookup (see the module docs). Built from a
-/// [`Tq1Matrix`] whose rows each have one scale for all their blocks.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tq1PermMatrix {
-    rows: usize,
-    cols: usize,
-    /// `[tiles, spans, PERM_SPAN_BYTES]`.
-    data: PageVec<u8>,
-    /// `[rows]`: the row's (uniform) block scale.
-    scales: Vec<half::f16>,
-    /// `[rows]`: groups stored negated (looked up as −v − 33; see the module docs).
-    negated: Vec<i32>,
+/// The `perm` repack's layout (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PermLayout;
+
+impl LookupLayout for PermLayout {
+    const TILE_ROWS: usize = PERM_TILE_ROWS;
+    const SPAN_GROUPS: usize = PERM_SPAN_GROUPS;
+    const SPAN_BYTES: usize = PERM_SPAN_BYTES;
+
+    #[inline]
+    fn write_row(span: &mut [u8], j: usize, codes: &[u8]) {
+        for (k, b) in span_bytes(codes.try_into().expect("a span's codes")).iter().enumerate() {
+            span[32 * k + j] = *b;
+        }
+    }
+
+    #[inline]
+    fn read_code(span: &[u8], j: usize, g: usize) -> u8 {
+        span_codes(std::array::from_fn(|k| span[32 * k + j]))[g]
+    }
 }
 
+/// The `perm` form's repack: a TQ1_0 matrix for 32-entry table lookup (see the module docs).
+pub type Tq1PermMatrix = LookupRepack<PermLayout>;
+
 impl Tq1PermMatrix {
-    /// The repack of `m`, or `None` when a row's blocks have different scales (as
-    /// [`super::Tq1LutMatrix::from_tq1`]).
-    pub fn from_tq1(m: &Tq1Matrix) -> Option<Self> {
-        if !(0..m.rows()).all(|r| m.row_has_uniform_scale(r)) {
-            return None;
-        }
-        let (rows, cols) = (m.rows(), m.cols());
-        let groups = perm_groups(cols);
-        let spans = groups / PERM_SPAN_GROUPS;
-        let tiles = rows.div_ceil(PERM_TILE_ROWS);
-        let mut data = PageVec::<u8>::zeroed(tiles * spans * PERM_SPAN_BYTES);
-        let mut negated = vec![0i32; rows];
-        let mut row = vec![0i8; 3 * groups];
-        let mut codes = vec![0u8; groups];
-        for r in 0..rows {
-            m.decode_row(r, &mut row[..cols]);
-            for (c, t) in codes.iter_mut().zip(row.chunks_exact(3)) {
-                let (p, neg) = lut_encode([t[0], t[1], t[2]]);
-                *c = p | if neg { PERM_NEGATED } else { 0 };
-            }
-            negated[r] = codes.iter().filter(|&&c| c & PERM_NEGATED != 0).count() as i32;
-            let (tile, j) = (r / PERM_TILE_ROWS, r % PERM_TILE_ROWS);
-            let tile_spans =
-                data[tile * spans * PERM_SPAN_BYTES..][..spans * PERM_SPAN_BYTES].chunks_exact_mut(PERM_SPAN_BYTES);
-            for (span, c) in tile_spans.zip(codes.chunks_exact(PERM_SPAN_GROUPS)) {
-                let v = span_bytes(c.try_into().expect("a span's codes"));
-                for (k, b) in v.iter().enumerate() {
-                    span[32 * k + j] = *b;
-                }
-            }
-        }
-        let scales = (0..rows).map(|r| m.row(r)[0].d).collect();
-        Some(Self { rows, cols, data, scales, negated })
-    }
-
-    /// Group g's code in row `row` as stored (`p | PERM_NEGATED·negated`).
-    #[inline]
-    pub fn code(&self, row: usize, g: usize) -> u8 {
-        let span = self.span(row / PERM_TILE_ROWS, g / PERM_SPAN_GROUPS);
-        let j = row % PERM_TILE_ROWS;
-        span_codes(std::array::from_fn(|k| span[32 * k + j]))[g % PERM_SPAN_GROUPS]
-    }
-
-    /// Ternary value at (row, col), decoded from the repacked bytes (the test oracle's view).
-    pub fn get(&self, row: usize, col: usize) -> i8 {
-        let c = self.code(row, col / LUT_GROUP);
-        let t = lut_pattern((c & (PERM_NEGATED - 1)) as usize)[col % LUT_GROUP];
-        if c & PERM_NEGATED != 0 {
-            -t
-        } else {
-            t
-        }
-    }
-
     /// Row `row`'s dot product with one token's tables (`build_perm_tables_portable`), before
     /// scales: the portable definition of what the SIMD kernel sums.
     pub fn dot_portable(&self, row: usize, tables: &[u8]) -> i32 {
-        let sum: i32 = (0..perm_groups(self.cols))
+        let sum: i32 = (0..perm_groups(self.cols()))
             .map(|g| {
                 let c = self.code(row, g) as usize;
                 let t = &tables[g * PERM_GROUP_TABLE_BYTES..];
-                t[c] as i8 as i32 + crate::formats::tq1_lut::LUT_H_WEIGHT as i32 * t[32 + c] as i8 as i32
+                t[c] as i8 as i32 + LUT_H_WEIGHT as i32 * t[32 + c] as i8 as i32
             })
             .sum();
-        sum + LUT_NEGATION_BIAS * self.negated[row]
-    }
-
-    /// The `PERM_SPAN_BYTES` of span `s` of tile `tile`.
-    #[inline]
-    pub fn span(&self, tile: usize, s: usize) -> &[u8] {
-        &self.data[(tile * self.spans() + s) * PERM_SPAN_BYTES..][..PERM_SPAN_BYTES]
-    }
-
-    /// Tile `tile`'s bytes: its spans back to back.
-    #[inline]
-    pub fn tile(&self, tile: usize) -> &[u8] {
-        let n = self.spans() * PERM_SPAN_BYTES;
-        &self.data[tile * n..(tile + 1) * n]
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    pub fn tiles(&self) -> usize {
-        self.rows.div_ceil(PERM_TILE_ROWS)
-    }
-    pub fn spans(&self) -> usize {
-        perm_groups(self.cols) / PERM_SPAN_GROUPS
-    }
-    /// Row `r`'s block scale.
-    #[inline]
-    pub fn scale(&self, r: usize) -> half::f16 {
-        self.scales[r]
-    }
-    /// Row `r`'s count of negated groups.
-    #[inline]
-    pub fn negated(&self, r: usize) -> i32 {
-        self.negated[r]
-    }
-    /// Every row's scale, row r at index r.
-    #[inline]
-    pub fn row_scales(&self) -> &[half::f16] {
-        &self.scales
-    }
-    /// Every row's count of negated groups, row r at index r.
-    #[inline]
-    pub fn negated_counts(&self) -> &[i32] {
-        &self.negated
-    }
-    /// Bytes a kernel streams to use every weight once.
-    pub fn byte_len(&self) -> usize {
-        self.data.len()
+        sum + LUT_NEGATION_BIAS * self.negated(row)
     }
 }
 
@@ -253,7 +159,8 @@ fn span_codes(v: [u8; 5]) -> [u8; PERM_SPAN_GROUPS] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::tq1_lut::LUT_H_WEIGHT;
+    use crate::formats::tq1_lut::LUT_NEGATED;
+    use crate::formats::Tq1Matrix;
     use crate::rng::SplitMix64;
 
     #[test]
@@ -313,7 +220,7 @@ mod tests {
                 for k in cols..3 * perm_groups(cols) {
                     assert_eq!(p.get(r, k), 0);
                 }
-                let neg = (0..perm_groups(cols)).filter(|&g| p.code(r, g) & PERM_NEGATED != 0).count();
+                let neg = (0..perm_groups(cols)).filter(|&g| p.code(r, g) & LUT_NEGATED != 0).count();
                 assert_eq!(p.negated(r), neg as i32);
                 assert_eq!(p.scale(r), m.row(r)[0].d);
                 let want: i32 = (0..cols).map(|k| m.get(r, k) as i32 * x[k] as i32).sum();

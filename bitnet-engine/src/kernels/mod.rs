@@ -124,11 +124,13 @@ impl KernelFamily {
     /// looks sums up instead (`lut`: 1.86× fused for one token on Zen 3, 2B4T shapes in cache,
     /// and no slower for batches). At AVX-512 it depends on the core
     /// ([`cpu::avx512_on_256_bit_units`](crate::cpu::avx512_on_256_bit_units)): Zen 4 runs a zmm
-    /// `vpdpbusd` as two 256-bit halves, and there `lut` (the AVX2 code) beats the fused
-    /// `vpdpbusd` kernel (`bitnet-bench kernels`, 2B4T shapes, one thread, GB/s in cache: one
-    /// token 23.0–23.5 against 17.3–20.5, eight tokens 51–52 against 45–46 Mrow·tok/s on
-    /// 2560-wide rows); cores with full-width AVX-512 (Zen 5, where the fused kernel read 80–95%
-    /// of the bandwidth) keep the fused form, which `lut` has not been measured against there.
+    /// `vpdpbusd` as two 256-bit halves, and there the lookup forms beat the fused `vpdpbusd`
+    /// kernel (`bitnet-bench kernels`, 2B4T shapes, one thread, in cache: one token, GB/s, fused
+    /// 17.3–20.5, `lut` 23.0–25.1, `perm` 32–35; eight tokens on 2560-wide rows, Mrow·tok/s,
+    /// fused 45–46, `lut` 51–54, `perm` 69–70), so `perm` where the CPU has VBMI and GFNI (every
+    /// Zen 4), else `lut`. Cores with full-width AVX-512 (Zen 5, where the fused kernel read
+    /// 80–95% of the bandwidth) keep the fused form, which the lookup forms have not been
+    /// measured against there.
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
         match (self, isa) {
             (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
@@ -227,6 +229,10 @@ impl FromStr for KernelForm {
 /// Bytes of the split form's unpacked-code tile: small enough to stay in a 32 KiB L1d beside
 /// the activations being read.
 pub const TILE_BYTES: usize = 16 * 1024;
+
+/// Rows per block of a matmul shared out between threads ([`Kernel::row_block`]): a multiple
+/// of every kernel's row tile but the `perm` form's.
+pub const ROW_BLOCK: usize = 16;
 
 /// Most tokens a matmul of the `lut` form reads through lookup tables ([`Kernel::for_batch`]).
 pub const LUT_MAX_BATCH: usize = 8;
@@ -478,6 +484,19 @@ impl Kernel {
             // One token: the activations in the codes' lane order.
             (KernelFamily::Tq2, IsaLevel::Avx512) => ScratchNeeds { reordered: padded_cols, unpacked: 0 },
             _ => none,
+        }
+    }
+
+    /// Rows per block when a matmul's rows are shared out between threads: a multiple of this
+    /// kernel's row tile, so that no tile straddles two blocks (a kernel computes a partly
+    /// covered tile whole and drops the rows outside its range). [`ROW_BLOCK`], or the `perm`
+    /// form's 32-row tiles for the batches it runs (at 16, two threads on large TQ1_0 had run
+    /// each split tile twice: 125–134 tok/s against `lut`'s 135–142).
+    pub fn row_block(&self) -> usize {
+        if self.uses_perm() {
+            crate::formats::tq1_perm::PERM_TILE_ROWS
+        } else {
+            ROW_BLOCK
         }
     }
 

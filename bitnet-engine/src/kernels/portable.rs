@@ -7,7 +7,7 @@ use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales}
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::formats::i2::{i2_position, I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
 use crate::formats::tq1::{tq1_digit, tq1_position};
-use crate::formats::tq1_lut::{LUT_H_WEIGHT, LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS};
+use crate::formats::tq1_lut::{LUT_H_WEIGHT, LUT_NEGATED, LUT_PAIR_TABLE_BYTES, LUT_SPAN_GROUPS};
 use crate::formats::tq2::tq2_position;
 use crate::formats::{
     BinaryMatrix, BitPlaneMatrix, BlockTq1_0, BlockTq2_0, I2Matrix, PackedWeights, Tq1LutMatrix, Tq1Matrix,
@@ -659,7 +659,8 @@ impl IsaOps for Portable {
                 let table = x.lut(b);
                 let mut isum = 0i32;
                 for g in 0..w.spans() * LUT_SPAN_GROUPS {
-                    let (p, neg) = w.group_code(r, g);
+                    let c = w.code(r, g);
+                    let (p, neg) = (c & (LUT_NEGATED - 1), c & LUT_NEGATED != 0);
                     let at = g / 2 * LUT_PAIR_TABLE_BYTES + 16 * (g % 2) + p as usize;
                     let v = table[at] as i8 as i32 + LUT_H_WEIGHT as i32 * table[at + 32] as i8 as i32;
                     isum += if neg { -v } else { v };

@@ -1791,8 +1791,6 @@ unsafe fn lut_tiles<S: LutSigns, const R: usize, const G: usize>(
 ) -> [[[__m256i; 2]; G]; R] {
     let low4 = _mm256_set1_epi8(0x0f);
     let zero = _mm256_setzero_si256();
-    // Bytes (1, LUT_H_WEIGHT) per word: `vpmaddubsw` of an unpacked (l, h) pair is l + 32h.
-    let join = _mm256_set1_epi16((LUT_H_WEIGHT << 8) | 1);
     // Per tile and token: even and odd i16 words of the rows-0–7 and rows-8–15 accumulators,
     // widened to i32.
     let mut wide = [[[zero; 4]; G]; R];
@@ -1852,15 +1850,7 @@ unsafe fn lut_tiles<S: LutSigns, const R: usize, const G: usize>(
                     }
                 }
             }
-            for i in 0..R {
-                for g in 0..G {
-                    let [l, h] = part[i][g];
-                    let lo = _mm256_maddubs_epi16(join, _mm256_unpacklo_epi8(l, h));
-                    let hi = _mm256_maddubs_epi16(join, _mm256_unpackhi_epi8(l, h));
-                    acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], lo);
-                    acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], hi);
-                }
-            }
+            lut_widen_span(&part, &mut acc);
             s += 1;
         }
         for i in 0..R {
@@ -1888,6 +1878,27 @@ unsafe fn lut_tiles<S: LutSigns, const R: usize, const G: usize>(
         }
     }
     sums
+}
+
+/// Once per span of a lookup tile (`lut` and `perm`): each tile's and token's l and h sums in
+/// i8 lanes, unpacked into (l, h) byte pairs, and `vpmaddubsw` by (1, 32) give i16 sums
+/// `l + 32h`, added into the accumulators of the low and the high unpack halves.
+#[inline(always)]
+pub(crate) unsafe fn lut_widen_span<const R: usize, const G: usize>(
+    part: &[[[__m256i; 2]; G]; R],
+    acc: &mut [[[__m256i; 2]; G]; R],
+) {
+    // Bytes (1, LUT_H_WEIGHT) per word: `vpmaddubsw` of an unpacked (l, h) pair is l + 32h.
+    let join = _mm256_set1_epi16((LUT_H_WEIGHT << 8) | 1);
+    for i in 0..R {
+        for g in 0..G {
+            let [l, h] = part[i][g];
+            let lo = _mm256_maddubs_epi16(join, _mm256_unpacklo_epi8(l, h));
+            let hi = _mm256_maddubs_epi16(join, _mm256_unpackhi_epi8(l, h));
+            acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], lo);
+            acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], hi);
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]

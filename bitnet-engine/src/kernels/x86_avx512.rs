@@ -12,8 +12,9 @@ use super::portable::{
     i2_tail_dot, run, tq1_digit_order, tq1_row_chunks, tq1_row_digit_order, tq2_lane_order, IsaOps, TQ1_DIGIT_BLOCK,
 };
 use super::x86_avx2::{
-    decode_tq1_block as decode_tq1_block_avx2, encode_i2_block, f16_to_f64, lut_emit, prefetch_l2, prefetch_rows_l2,
-    prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with, LookupRows, LutGroupSums, PrefetchShares,
+    decode_tq1_block as decode_tq1_block_avx2, encode_i2_block, f16_to_f64, lut_emit, lut_widen_span, prefetch_l2,
+    prefetch_rows_l2, prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with, LookupRows, LutGroupSums,
+    PrefetchShares,
 };
 use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -95,8 +96,8 @@ impl IsaOps for Avx512 {
         unsafe { xnor_fused(w, x, rows, out) }
     }
     /// The AVX2 kernel's 256-bit loop, with its signs and nibbles in AVX-512 masks and GFNI
-    /// where the CPU has GFNI ([`MaskSigns`]), else as on AVX2. No 512-bit version yet. On
-    /// Zen 4, whose AVX-512 runs on 256-bit units, it beats the fused `vpdpbusd` kernel (see
+    /// where the CPU has GFNI ([`MaskSigns`]), else as on AVX2. On Zen 4, whose AVX-512 runs
+    /// on 256-bit units, it beats the fused `vpdpbusd` kernel, and `perm` beats it (see
     /// `KernelFamily::default_form`).
     fn tq1_lut(self, w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         if std::arch::is_x86_feature_detected!("gfni") {
@@ -341,11 +342,8 @@ unsafe fn perm_tiles<const R: usize, const G: usize>(
     spans: Range<usize>,
     ahead: usize,
 ) -> [[[__m256i; 4]; G]; R] {
-    use crate::formats::tq1_lut::LUT_H_WEIGHT;
     use crate::formats::tq1_perm::{PERM_GROUP_TABLE_BYTES, PERM_SPAN_BYTES, PERM_SPAN_GROUPS};
     let zero = _mm256_setzero_si256();
-    // Bytes (1, LUT_H_WEIGHT) per word: `vpmaddubsw` of an unpacked (l, h) pair is l + 32h.
-    let join = _mm256_set1_epi16((LUT_H_WEIGHT << 8) | 1);
     let mut wide = [[[zero; 4]; G]; R];
     let mut s = spans.start;
     while s < spans.end {
@@ -380,15 +378,7 @@ unsafe fn perm_tiles<const R: usize, const G: usize>(
                     }
                 }
             }
-            for i in 0..R {
-                for g in 0..G {
-                    let [l, h] = part[i][g];
-                    let lo = _mm256_maddubs_epi16(join, _mm256_unpacklo_epi8(l, h));
-                    let hi = _mm256_maddubs_epi16(join, _mm256_unpackhi_epi8(l, h));
-                    acc[i][g][0] = _mm256_add_epi16(acc[i][g][0], lo);
-                    acc[i][g][1] = _mm256_add_epi16(acc[i][g][1], hi);
-                }
-            }
+            lut_widen_span(&part, &mut acc);
             s += 1;
         }
         for i in 0..R {

@@ -597,7 +597,7 @@ fn linear(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let w_bytes = kernel.bytes_read(w) as u64;
-    pool.split_blocks(dst, rows, BLOCK_ROWS, workers, |blocks, wk| {
+    pool.split_blocks(dst, rows, kernel.row_block(), workers, |blocks, wk| {
         let t0 = wk.rec.start();
         let mut bytes = None;
         while let Some((first, chunk)) = blocks.next_block() {
@@ -652,7 +652,8 @@ fn linear_multi<const P: usize>(
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
-    pool.split_blocks(&mut mm[..total * rows], rows, BLOCK_ROWS, workers, |blocks, wk| {
+    let block_rows = kernels.iter().map(|k| k.row_block()).max().unwrap_or(BLOCK_ROWS);
+    pool.split_blocks(&mut mm[..total * rows], rows, block_rows, workers, |blocks, wk| {
         let t0 = wk.rec.start();
         let mut t = t0;
         // The part being timed and its bytes so far: consecutive blocks of one part make one
@@ -727,7 +728,7 @@ fn linear_gated(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let (gate_bytes, up_bytes) = (kg.bytes_read(gate.0) as u64, ku.bytes_read(up.0) as u64);
-    pool.split_blocks_pair(mg, mu, rows, BLOCK_ROWS, workers, |blocks, wk| {
+    pool.split_blocks_pair(mg, mu, rows, kg.row_block().max(ku.row_block()), workers, |blocks, wk| {
         let t0 = wk.rec.start();
         let mut t = t0;
         // Each block is gate, up and the activation of the same rows: three spans per block.
@@ -761,11 +762,12 @@ fn linear_gated(
     Ok(())
 }
 
-/// Output rows per block of a matmul's [`WorkerPool::split_blocks`]: the kernels' row tiles
-/// never straddle blocks. Threads take their own rows in halves of what is left (see
-/// `Blocks::next_block`), so a small block costs no more kernel calls than a large one until
-/// the end of the run, where it lets a thread that finished take over the other's last rows.
-const BLOCK_ROWS: usize = 16;
+/// Output rows per block of the LM head's [`WorkerPool::split_blocks`] (the linear layers take
+/// [`Kernel::row_block`], which is this but for the 32-row tiles of the `perm` form). Threads
+/// take their own rows in halves of what is left (see `Blocks::next_block`), so a small block
+/// costs no more kernel calls than a large one until the end of the run, where it lets a
+/// thread that finished take over the other's last rows.
+const BLOCK_ROWS: usize = crate::kernels::ROW_BLOCK;
 
 /// Up to this many rows per forward call (decode steps, not prompts), the cache lines the
 /// layer's `kv_write` will store into are prefetched before its projections run: a few KiB
