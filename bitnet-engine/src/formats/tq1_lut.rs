@@ -440,5 +440,7 @@ mod tests {
         let mixed = Tq1Matrix::from_blocks(2, 512, blocks).unwrap();
         assert!(Tq1LutMatrix::from_tq1(&mixed).is_none());
         assert!(Tq1LutMatrix::from_tq1(&m).is_some());
+        assert!(crate::formats::Tq1PermMatrix::from_tq1(&mixed).is_none());
+        assert!(crate::formats::Tq1PermMatrix::from_tq1(&m).is_some());
     }
 }
