@@ -126,7 +126,7 @@ struct RunArgs {
     #[arg(long)]
     isa: Option<IsaLevel>,
     /// Kernel form: split (default; unpack and dot timed apart), fused (one `unpack_dot`
-    /// stage) or lut (tq1 only: one `lookup` stage).
+    /// stage), lut or perm (tq1 only: one `lookup` stage).
     #[arg(long)]
     form: Option<KernelForm>,
     /// Events kept per thread on the timeline (more are counted, not kept).
