@@ -21,7 +21,8 @@
 //! Rows in tiles of [`PERM_TILE_ROWS`] (the last tile padded with zero rows); a row's K columns
 //! in groups of 3 (columns past K are zero weights), groups in spans of [`PERM_SPAN_GROUPS`].
 //! A tile stores its spans one after another, each as five 32-byte vectors V0–V4 whose byte j
-//! belongs to row j. A group's code is `p | 16·negated` (p from [`lut_encode`]); in a span:
+//! belongs to row j. A group's code is `p | 16·negated`
+//! ([`lut_code`](super::tq1_lut::lut_code)); in a span:
 //! - bits 0–4 of Vk: the code of group k (k = 0..5);
 //! - group 5: bits 0–2 in bits 5–7 of V0, bits 3–4 in bits 5–6 of V1;
 //! - group 6: bits 0–2 in bits 5–7 of V2, bits 3–4 in bits 5–6 of V3;
