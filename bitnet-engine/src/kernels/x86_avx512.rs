@@ -159,10 +159,10 @@ unsafe fn tq1_lut_masks(w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, r
 /// groups per step in 512-bit registers: the six activations' bytes broadcast from one 8-byte
 /// load, spread by `vpshufb` into each group's (a, b) and (c, ·) byte pairs (group 2P in the low
 /// 256 bits, 2P + 1 in the high), the 16 pattern sums per group in i16 lanes from `vpmaddubsw`
-/// against constant trit pairs (as the `lut` builder's [`super::x86_avx2::LutGroupSums`]), split into l and h
-/// bytes by `vpmovwb`, and each group's `[l | !l | h | !h]` put together by one `vpermt2q`.
-/// Against one group per step in 256-bit registers, one token's tables of 1536 columns took
-/// 1.23 µs (`lut`: 0.84).
+/// against constant trit pairs (as the `lut` builder's [`super::x86_avx2::LutGroupSums`]),
+/// split into l and h bytes by `vpmovwb`, and each group's `[l | !l | h | !h]` put together by
+/// one `vpermt2q`. One token's tables of 1536 columns took 1.23 µs one group per step in
+/// 256-bit registers, 1.15–1.19 µs so (`lut`: 0.84): writing twice `lut`'s bytes is most of it.
 pub(crate) fn build_perm_tables(_t: Avx512, x: &[i8], dst: &mut [u8]) {
     // SAFETY: the token proves AVX-512 F/BW (so AVX2); reads of x stay below `x.len()` (pairs
     // whose eight bytes do not fit are left to the portable tail) and writes below dst's
@@ -218,9 +218,9 @@ unsafe fn build_perm_tables_avx512(x: &[i8], dst: &mut [u8]) {
 }
 
 /// The `perm` TQ1 kernel (see `formats::tq1_perm`): one token, two 32-row tiles per pass
-/// where the range has them, sharing each table load; more tokens, one tile against up to
-/// [`PERM_TOKENS`] tokens per pass, sharing each span's codes. Rows outside `rows` of a tile
-/// the range only partly covers are computed and dropped.
+/// where the range has them, sharing each table load; more tokens, two tiles against
+/// [`PERM_TOKENS`] tokens per pass ([`perm_batched`]), sharing each table load and each span's
+/// codes. Rows outside `rows` of a tile the range only partly covers are computed and dropped.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni,avx2,fma,popcnt,f16c")]
 unsafe fn tq1_perm(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     let batch = x.batch();
