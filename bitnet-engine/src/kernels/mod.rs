@@ -490,8 +490,8 @@ impl Kernel {
     /// Rows per block when a matmul's rows are shared out between threads: a multiple of this
     /// kernel's row tile, so that no tile straddles two blocks (a kernel computes a partly
     /// covered tile whole and drops the rows outside its range). [`ROW_BLOCK`], or the `perm`
-    /// form's 32-row tiles for the batches it runs (at 16, two threads on large TQ1_0 had run
-    /// each split tile twice: 125–134 tok/s against `lut`'s 135–142).
+    /// form's 32-row tiles for the batches it runs (at 16, a tile split between two blocks was
+    /// computed whole on both sides).
     pub fn row_block(&self) -> usize {
         if self.uses_perm() {
             crate::formats::tq1_perm::PERM_TILE_ROWS
