@@ -1529,12 +1529,15 @@ unsafe fn build_lut_tables_avx2(x: &[i8], dst: &mut [u8]) {
 
 /// One group's 16 pattern sums (`tq1_lut::build_groups_portable`), split into (l, h) bytes:
 /// the sums in i16 lanes from two `vpmaddubsw` against constant trit pairs (activations offset
-/// to unsigned, the offset taken back by a constant). Shared by the `lut` and `perm` table
-/// builders.
+/// to unsigned, the offset taken back by a constant). The `perm` table builder takes its
+/// constants, one group per 256-bit half.
 pub(crate) struct LutGroupSums {
-    w01: __m256i,
-    w2: __m256i,
-    off: __m256i,
+    /// Word lane p: bytes (t₀(p), t₁(p)).
+    pub(crate) w01: __m256i,
+    /// Word lane p: bytes (t₂(p), 0).
+    pub(crate) w2: __m256i,
+    /// Word lane p: −128·Σtᵢ(p), the offset of activations made unsigned.
+    pub(crate) off: __m256i,
     split: __m256i,
 }
 

@@ -172,26 +172,16 @@ pub(crate) fn build_perm_tables(_t: Avx512, x: &[i8], dst: &mut [u8]) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
 unsafe fn build_perm_tables_avx512(x: &[i8], dst: &mut [u8]) {
-    use crate::formats::tq1_lut::{lut_pattern, LUT_H_WEIGHT};
+    use crate::formats::tq1_lut::LUT_H_WEIGHT;
     use crate::formats::tq1_perm::{build_perm_groups_portable, perm_groups, PERM_GROUP_TABLE_BYTES};
     let groups = perm_groups(x.len());
     assert_eq!(dst.len(), groups * PERM_GROUP_TABLE_BYTES, "build_perm_tables: table size");
     // Pair P (groups 2P, 2P + 1) reads bytes 6P .. 6P + 8.
     let pairs = if x.len() >= 8 { ((x.len() - 8) / 6 + 1).min(groups / 2) } else { 0 };
-    // Word lane p of each half: bytes (t₀(p), t₁(p)) and (t₂(p), 0); the offset 128·Σtᵢ(p) of
-    // the activations made unsigned comes back off.
-    let mut w01 = [0i8; 64];
-    let mut w2 = [0i8; 64];
-    let mut off = [0i16; 32];
-    for p in 0..32 {
-        if p % 16 < 14 {
-            let t = lut_pattern(p % 16);
-            (w01[2 * p], w01[2 * p + 1], w2[2 * p]) = (t[0], t[1], t[2]);
-            off[p] = -128 * (t[0] as i16 + t[1] as i16 + t[2] as i16);
-        }
-    }
+    // The `lut` builder's trit pairs and offsets, in each 256-bit half.
+    let sums = super::x86_avx2::LutGroupSums::new();
     let (w01, w2, off) =
-        (load(w01.as_ptr() as *const u8), load(w2.as_ptr() as *const u8), load(off.as_ptr() as *const u8));
+        (_mm512_broadcast_i64x4(sums.w01), _mm512_broadcast_i64x4(sums.w2), _mm512_broadcast_i64x4(sums.off));
     // Per 128-bit lane of the broadcast bytes x[6P..6P + 8]: the low 256 bits take group 2P's
     // (a, b) = bytes (0, 1) and (c, ·) = (2, 2); the high 256 bits group 2P + 1's: (3, 4), (5, 5).
     let ab_idx = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0x0100), _mm256_set1_epi16(0x0403));
