@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
 use bitnet_engine::formats::Q6kRows;
-use bitnet_engine::kernels::q6k_rows_matmul;
+use bitnet_engine::kernels::{q6k_lanes_used, q6k_rows_matmul};
 use bitnet_engine::{ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights};
 
 /// The preset whose linear-layer shapes the sweep runs unless told otherwise.
@@ -30,11 +30,28 @@ pub fn preset_head(name: &str) -> Result<(usize, usize)> {
 /// shapes' in-cache cases.
 pub const HEAD_CACHE_ROWS: usize = 2048;
 
-/// Name of the head's kernel at an ISA level, as the table shows it. The head has no AVX-512
-/// path: that level runs the AVX2 loop and is named so.
-pub fn head_kernel_name(isa: IsaLevel) -> String {
-    let level = if isa >= IsaLevel::Avx2 { IsaLevel::Avx2 } else { IsaLevel::Scalar };
+/// Name of the head's kernel at an ISA level on `batch` tokens, as the table shows it: the
+/// level whose code runs. AVX-512 has its own kernel from two tokens (`q6k_lanes_used`); one
+/// token there runs the AVX2 loop and is named so.
+pub fn head_kernel_name(isa: IsaLevel, batch: usize) -> String {
+    let level = if q6k_lanes_used(isa, batch) {
+        IsaLevel::Avx512
+    } else if isa >= IsaLevel::Avx2 {
+        IsaLevel::Avx2
+    } else {
+        IsaLevel::Scalar
+    };
     format!("q6k_head/{}", level.name())
+}
+
+/// `batch` tokens of activations for the head at `isa`, with the lane copies its AVX-512
+/// kernel reads where it runs (as the model builds them).
+fn head_activations(isa: IsaLevel, batch: usize, hidden: usize) -> Result<ActivationBatch> {
+    let mut x = activations(batch, hidden)?;
+    if q6k_lanes_used(isa, batch) {
+        x.build_q6k_lanes();
+    }
+    Ok(x)
 }
 
 /// What to run.
@@ -260,11 +277,11 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
 
 /// The LM head's cases (see [`SweepOptions::head`]).
 fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl FnMut(KernelResult)) -> Result<()> {
-    let mut isas: Vec<IsaLevel> = opts.head_isas.iter().map(|&i| i.min(IsaLevel::Avx2)).collect();
+    let mut isas: Vec<IsaLevel> = opts.head_isas.clone();
     isas.sort();
     isas.dedup();
     let case = |m: &Q6kRows, isa: IsaLevel, shape: &str, b: usize, streaming: bool, secs: f64| KernelResult {
-        kernel: head_kernel_name(isa),
+        kernel: head_kernel_name(isa, b),
         format: "q6_k".to_string(),
         shape: shape.to_string(),
         rows: m.rows(),
@@ -279,9 +296,14 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
     let rows = HEAD_CACHE_ROWS.min(vocab);
     let m = Q6kRows::random(rows, hidden, 0.02, 7)?;
     let shape = format!("head {rows}x{hidden}");
-    for &isa in &isas {
+    for (i, &isa) in isas.iter().enumerate() {
         for &b in &opts.batches {
-            let x = activations(b, hidden)?;
+            // A level that runs a lower one's code on this batch (AVX-512 on one token) was
+            // measured under that name already.
+            if isas[..i].iter().any(|&lower| head_kernel_name(lower, b) == head_kernel_name(isa, b)) {
+                continue;
+            }
+            let x = head_activations(isa, b, hidden)?;
             let mut out = vec![0f32; rows * b];
             let (min_time, samples) =
                 if isa == IsaLevel::Scalar { (Duration::from_millis(1), 3) } else { (opts.min_time, opts.samples) };
@@ -301,7 +323,7 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
     let set: Vec<Q6kRows> = vec![one; count];
     let shape = format!("stream {count}x head {vocab}x{hidden}");
     for &b in &opts.batches {
-        let x = activations(b, hidden)?;
+        let x = head_activations(fastest, b, hidden)?;
         let mut out = vec![0f32; vocab * b];
         let secs = time_streamed(opts, set.len(), |i| Ok(q6k_rows_matmul(fastest, &set[i], &x, 0..vocab, &mut out)?))?;
         push(case(&set[0], fastest, &shape, b, true, secs));
@@ -339,7 +361,7 @@ pub fn table(report: &SweepReport) -> String {
         // The scalar family's kernels; for the head, its own scalar loop.
         let is_oracle = |o: &KernelResult| {
             if r.format == "q6_k" {
-                o.kernel == head_kernel_name(IsaLevel::Scalar)
+                o.kernel == head_kernel_name(IsaLevel::Scalar, 1)
             } else {
                 o.kernel.starts_with("scalar/")
             }

@@ -56,6 +56,12 @@ pub struct ActivationBatch {
     /// the TQ1 kernels (see `formats::tq1_perm`); filled by `build_perm`, reserved as `lut`.
     perm: AlignedBytes,
     perm_ready: bool,
+    /// `[batch, padded]`: each token's values in the Q6_K head's sub-block lane order (see
+    /// [`Self::build_q6k_lanes`]); reserved as `lut`.
+    q6k_lanes: AlignedBytes,
+    /// `[batch, padded / 16]`: −32 × each 16 columns' sum, the Q6_K `− 32` offset per sub-block.
+    q6k_offsets: Vec<i32>,
+    q6k_ready: bool,
 }
 
 /// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
@@ -156,6 +162,9 @@ impl ActivationBatch {
             lut_ready: false,
             perm: AlignedBytes::zeroed(0),
             perm_ready: false,
+            q6k_lanes: AlignedBytes::zeroed(0),
+            q6k_offsets: Vec::new(),
+            q6k_ready: false,
         })
     }
 
@@ -169,6 +178,7 @@ impl ActivationBatch {
         self.planes_ready = false;
         self.lut_ready = false;
         self.perm_ready = false;
+        self.q6k_ready = false;
         Ok(())
     }
 
@@ -239,6 +249,7 @@ impl ActivationBatch {
         self.planes_ready = false;
         self.lut_ready = false;
         self.perm_ready = false;
+        self.q6k_ready = false;
     }
 
     /// Makes room for the lookup tables of up to `tokens` tokens (at most the capacity), so that
@@ -288,6 +299,44 @@ impl ActivationBatch {
             crate::kernels::build_perm_tables(x, &mut self.perm.as_mut_slice()[b * stride..(b + 1) * stride]);
         }
         self.perm_ready = true;
+    }
+
+    /// Makes room for the Q6_K head's lane-ordered copies of up to `tokens` tokens (at most the
+    /// capacity), so that `build_q6k_lanes` on batches that size allocates nothing.
+    pub fn reserve_q6k_lanes(&mut self, tokens: usize) {
+        let tokens = tokens.min(self.capacity);
+        if self.q6k_lanes.len() < tokens * self.padded {
+            self.q6k_lanes = AlignedBytes::zeroed(tokens * self.padded);
+            self.q6k_offsets = vec![0; tokens * self.padded / 16];
+        }
+    }
+
+    /// Builds every token's copy for the AVX-512 Q6_K head (`kernels::q6k_rows_matmul` with
+    /// two or more tokens), which keeps one i32 lane per 16-weight sub-block so that a block's
+    /// sub-block scales are one multiply: of each 256-column block, 64-byte chunk j holds in
+    /// bytes 4s..4s + 4 the columns 16s + 4j..16s + 4j + 4 (s < 16); and −32 × each 16 columns'
+    /// sum, the `− 32` offset of Q6_K codes. Grows the storage as [`Self::build_lut`] does.
+    /// Never inlined: part of the `quantize` stage.
+    #[inline(never)]
+    pub fn build_q6k_lanes(&mut self) {
+        self.reserve_q6k_lanes(self.batch);
+        let (padded, nsub) = (self.padded, self.padded / 16);
+        for b in 0..self.batch {
+            let x = &self.values.as_slice()[b * padded..(b + 1) * padded];
+            let dst = &mut self.q6k_lanes.as_mut_slice()[b * padded..(b + 1) * padded];
+            for (src, out) in x.chunks_exact(ACT_PAD).zip(dst.chunks_exact_mut(ACT_PAD)) {
+                for (j, chunk) in out.chunks_exact_mut(64).enumerate() {
+                    for (s, lane) in chunk.chunks_exact_mut(4).enumerate() {
+                        lane.copy_from_slice(&src[16 * s + 4 * j..16 * s + 4 * j + 4]);
+                    }
+                }
+            }
+            let subs = &self.sub_sums[b * nsub..(b + 1) * nsub];
+            for (o, s) in self.q6k_offsets[b * nsub..(b + 1) * nsub].iter_mut().zip(subs) {
+                *o = -32 * *s as i32;
+            }
+        }
+        self.q6k_ready = true;
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
@@ -392,6 +441,29 @@ impl ActivationBatch {
     pub fn perm(&self, b: usize) -> &[u8] {
         let stride = perm_table_bytes(self.cols);
         &self.perm.as_slice()[b * stride..(b + 1) * stride]
+    }
+    pub fn q6k_lanes_ready(&self) -> bool {
+        self.q6k_ready
+    }
+    /// Token `b`'s values in the Q6_K head's lane order, `padded_cols` bytes; valid after
+    /// `build_q6k_lanes`.
+    #[inline]
+    pub fn q6k_lanes(&self, b: usize) -> &[i8] {
+        &self.q6k_lanes.as_i8()[b * self.padded..(b + 1) * self.padded]
+    }
+    /// Token `b`'s −32 × sum per 16 columns, `padded_cols / 16` values; valid after
+    /// `build_q6k_lanes`.
+    #[inline]
+    pub fn q6k_offsets(&self, b: usize) -> &[i32] {
+        let n = self.padded / 16;
+        &self.q6k_offsets[b * n..(b + 1) * n]
+    }
+    /// Tokens `b`' lane-ordered values and offsets ([`Self::q6k_lanes`], [`Self::q6k_offsets`]),
+    /// token after token.
+    #[inline]
+    pub(crate) fn q6k_lane_tokens(&self, b: Range<usize>) -> (&[i8], &[i32]) {
+        let n = self.padded / 16;
+        (&self.q6k_lanes.as_i8()[b.start * self.padded..b.end * self.padded], &self.q6k_offsets[b.start * n..b.end * n])
     }
     /// Token `b`'s bit-planes, `[8, plane_words]`; valid after `build_planes`.
     #[inline]

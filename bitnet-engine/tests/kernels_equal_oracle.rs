@@ -173,7 +173,8 @@ fn int8_rows_equal_plain_loops() {
 /// d in f64, blocks in order, then the token's scale. Random blocks, and blocks at the extremes
 /// (every code 63 or 0, scales −128 and 127) against activations −128 and 127; one token and
 /// batches; odd row ranges, one ending at the matrix's last row; rows of 1, 2, 3, 10 and 19
-/// blocks (the one-token kernel reduces its sums 16 blocks at a time, two blocks per step).
+/// blocks (the one-token kernel reduces its sums 16 blocks at a time, two blocks per step);
+/// with and without the tokens' sub-block lane copies (AVX-512's batched kernel).
 #[test]
 fn q6k_rows_equal_plain_loops() {
     use bitnet_engine::formats::{Q6kRows, Q6K_BLOCK_BYTES};
@@ -229,14 +230,20 @@ fn q6k_rows_equal_plain_loops() {
                             })
                         })
                         .collect();
+                    // With the sub-block lane copies built, AVX-512 takes its VNNI kernel from
+                    // two tokens (tiles of 8, 4, 2 and 1).
+                    let mut with_lanes = x.clone();
+                    with_lanes.build_q6k_lanes();
                     for isa in IsaLevel::ALL {
-                        let mut got = vec![f32::NAN; rows.len() * batch];
-                        q6k_rows_matmul(isa, m, &x, rows.clone(), &mut got).unwrap();
-                        assert_eq!(
-                            got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
-                            want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
-                            "{isa} K {k} batch {batch} rows {rows:?}"
-                        );
+                        for (x, lanes) in [(&x, false), (&with_lanes, true)] {
+                            let mut got = vec![f32::NAN; rows.len() * batch];
+                            q6k_rows_matmul(isa, m, x, rows.clone(), &mut got).unwrap();
+                            assert_eq!(
+                                got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                                want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                                "{isa} K {k} batch {batch} rows {rows:?} lane copies {lanes}"
+                            );
+                        }
                     }
                 }
             }

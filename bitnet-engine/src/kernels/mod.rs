@@ -895,7 +895,9 @@ pub fn head_matmul(
 /// exact integer `Σⱼ scaleⱼ · Σ (q − 32)·x` over its 16 sub-blocks, times the block's `d` in
 /// f64, summed over blocks in order, then scaled by the token's scale (`finish_blocks`).
 /// Uses the best ISA level at or below `isa` that this CPU has; every level gives identical
-/// results. (AVX-512 runs the AVX2 code: the head is read at the bus rate either way.)
+/// results. AVX-512 runs its VNNI kernel on two or more tokens whose sub-block lane copies
+/// are built ([`ActivationBatch::build_q6k_lanes`]), where the head is compute-bound; one
+/// token (read at the bus rate either way) and batches without the copies run the AVX2 code.
 pub fn q6k_rows_matmul(
     isa: IsaLevel,
     m: &crate::formats::Q6kRows,
@@ -912,6 +914,13 @@ pub fn q6k_rows_matmul(
         )));
     }
     #[cfg(target_arch = "x86_64")]
+    if q6k_lanes_used(isa, x.batch()) && x.q6k_lanes_ready() {
+        if let Some(t) = x86_avx512::Avx512::new() {
+            x86_avx512::q6k_rows(t, m, x, rows, out);
+            return Ok(());
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa >= IsaLevel::Avx2 {
         if let Some(t) = x86_avx2::Avx2::new() {
             x86_avx2::q6k_rows(t, m, x, rows, out);
@@ -921,6 +930,13 @@ pub fn q6k_rows_matmul(
     let _ = isa;
     q6k_rows_portable(m, x, rows, out);
     Ok(())
+}
+
+/// Whether [`q6k_rows_matmul`] at `isa` on `batch` tokens runs the AVX-512 kernel, which reads
+/// the tokens' sub-block lane copies ([`ActivationBatch::build_q6k_lanes`]): callers build them
+/// when this says so.
+pub fn q6k_lanes_used(isa: IsaLevel, batch: usize) -> bool {
+    batch >= 2 && isa >= IsaLevel::Avx512 && IsaLevel::Avx512.is_supported()
 }
 
 /// The plain Q6_K × int8 loop that defines [`q6k_rows_matmul`]'s results.

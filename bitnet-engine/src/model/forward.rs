@@ -5,13 +5,13 @@ use std::ops::Range;
 
 use crate::activations::ActivationBatch;
 use crate::error::{Error, Result};
-use crate::formats::{PackedWeights, WeightFormat};
+use crate::formats::{EmbeddingRows, PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
     attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, prefetch_l2,
-    rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm, KernelScratch,
-    ENCODED_CHUNK_VALUES, LUT_MAX_BATCH,
+    q6k_lanes_used, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
+    KernelScratch, ENCODED_CHUNK_VALUES, LUT_MAX_BATCH,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
@@ -185,6 +185,12 @@ impl State {
         if extras.perm {
             act_hidden.reserve_perm(LUT_MAX_BATCH);
             act_ffn.reserve_perm(LUT_MAX_BATCH);
+        }
+        let head_isa = kernel_for(kernel, &model.weights.layers[0].wq).isa();
+        if matches!(model.weights.lm_head(), EmbeddingRows::Q6K(_)) && q6k_lanes_used(head_isa, opts.sequences) {
+            // A batch's logits read its lane copies (`head_q6k_lanes`); prompts asking for every
+            // position's logits grow them once.
+            act_hidden.reserve_q6k_lanes(opts.sequences);
         }
         let padded = act_hidden.padded_cols().max(act_ffn.padded_cols());
         Ok(Self {
@@ -461,10 +467,17 @@ impl State {
                 rms_norm_rows(&self.x[lr.start * h..lr.end * h], &w.output_norm, cfg.norm_eps, &mut self.xb[..n * h])
             });
             self.act_hidden.set_batch(n)?;
-            rec.time(out_ctx, Stage::Quantize, 0, || self.act_hidden.quantize(&self.xb[..n * h]))?;
             let head = w.lm_head();
-            let vocab = cfg.vocab;
             let isa = kernel_for(self.kernel, &w.layers[0].wq).isa();
+            let head_q6k_lanes = matches!(head, EmbeddingRows::Q6K(_)) && q6k_lanes_used(isa, n);
+            rec.time(out_ctx, Stage::Quantize, 0, || {
+                self.act_hidden.quantize(&self.xb[..n * h])?;
+                if head_q6k_lanes {
+                    self.act_hidden.build_q6k_lanes();
+                }
+                Ok::<_, Error>(())
+            })?;
+            let vocab = cfg.vocab;
             let act = &self.act_hidden;
             let head_bytes = head.byte_len() as u64;
             // `mm` holds [vocab, n]; the LM head's rows are split across threads. One row
