@@ -1058,10 +1058,9 @@ fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out:
 
 /// Scores of the `heads` query heads of one grouped-query group (`qs`: `heads` rows of hd) over
 /// their shared keys: `out[g·n + p]` = [`attention_scores`] of head g (n = `out.len() / heads`),
-/// bit for bit. With AVX2 (and no AVX-512) one pass over the keys serves every head of the group,
-/// so a KV head is read once per step instead of once per query head; AVX-512 machines run
-/// their per-head kernel for each head (a grouped 512-bit kernel has not been written, and the
-/// AVX2 grouped one has not yet been measured against it on an AVX-512 machine).
+/// bit for bit. With AVX-512 or AVX2 one pass over the keys serves up to four heads of the
+/// group, so a KV head is read (and converted from f16) once per step instead of once per query
+/// head.
 pub(crate) fn attention_scores_group<K: KeyElem>(
     qs: &[f32],
     heads: usize,
@@ -1072,10 +1071,10 @@ pub(crate) fn attention_scores_group<K: KeyElem>(
 ) {
     let (hd, n) = (qs.len() / heads, out.len() / heads);
     #[cfg(target_arch = "x86_64")]
-    if x86_avx512::Avx512::new().is_none() {
-        if let Some(t) = x86_avx2::Avx2::new() {
-            return K::scores_group_avx2(t, qs, keys, scale, out, n, ahead);
-        }
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return K::scores_group_avx512(t, qs, heads, keys, scale, out, ahead);
+    } else if let Some(t) = x86_avx2::Avx2::new() {
+        return K::scores_group_avx2(t, qs, keys, scale, out, n, ahead);
     }
     // n.max(1): no positions is no scores to write (chunks of 0 would panic).
     for (g, (q, o)) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))).enumerate() {
@@ -1102,8 +1101,8 @@ pub(crate) fn attention_scores_group_portable<K: KeyElem>(
 
 /// The weighted sums of the `heads` heads of one group over their shared values (`ws`: `heads`
 /// rows of n weights; `os`: `heads` rows of hd): each head's `os` row as
-/// [`attention_weighted_sum`] leaves it, bit for bit, in one pass over the values (AVX2; see
-/// [`attention_scores_group`]).
+/// [`attention_weighted_sum`] leaves it, bit for bit, in one pass over the values (AVX-512 and
+/// AVX2; see [`attention_scores_group`]).
 pub(crate) fn attention_weighted_sum_group<K: KeyElem>(
     ws: &[f32],
     heads: usize,
@@ -1113,10 +1112,10 @@ pub(crate) fn attention_weighted_sum_group<K: KeyElem>(
 ) {
     let (n, hd) = (ws.len() / heads, os.len() / heads);
     #[cfg(target_arch = "x86_64")]
-    if x86_avx512::Avx512::new().is_none() {
-        if let Some(t) = x86_avx2::Avx2::new() {
-            return K::axpy_group_avx2(t, ws, n, values, os, hd, ahead);
-        }
+    if let Some(t) = x86_avx512::Avx512::new() {
+        return K::axpy_group_avx512(t, ws, heads, values, os, ahead);
+    } else if let Some(t) = x86_avx2::Avx2::new() {
+        return K::axpy_group_avx2(t, ws, n, values, os, hd, ahead);
     }
     for (g, (w, o)) in ws.chunks_exact(n.max(1)).zip(os.chunks_exact_mut(hd)).enumerate() {
         attention_weighted_sum(&w[..n], values, o, if g == 0 { ahead } else { &[] });
@@ -1496,6 +1495,26 @@ pub(crate) trait KeyElem: Copy {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
     #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn scores_group_avx512(
+        t: x86_avx512::Avx512,
+        qs: &[f32],
+        heads: usize,
+        keys: &[Self],
+        scale: f32,
+        out: &mut [f32],
+        ahead: &[Self],
+    );
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_group_avx512(
+        t: x86_avx512::Avx512,
+        ws: &[f32],
+        heads: usize,
+        values: &[Self],
+        os: &mut [f32],
+        ahead: &[Self],
+    );
+    #[cfg(target_arch = "x86_64")]
     fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx2(t: x86_avx2::Avx2, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
@@ -1535,6 +1554,29 @@ impl KeyElem for f32 {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
         x86_avx512::attention_axpy_f32(t, w, values, o, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_group_avx512(
+        t: x86_avx512::Avx512,
+        qs: &[f32],
+        heads: usize,
+        keys: &[f32],
+        scale: f32,
+        out: &mut [f32],
+        ahead: &[f32],
+    ) {
+        x86_avx512::attention_scores_group_f32(t, qs, heads, keys, scale, out, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_group_avx512(
+        t: x86_avx512::Avx512,
+        ws: &[f32],
+        heads: usize,
+        values: &[f32],
+        os: &mut [f32],
+        ahead: &[f32],
+    ) {
+        x86_avx512::attention_axpy_group_f32(t, ws, heads, values, os, ahead)
     }
     #[cfg(target_arch = "x86_64")]
     fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
@@ -1589,6 +1631,29 @@ impl KeyElem for half::f16 {
     #[cfg(target_arch = "x86_64")]
     fn axpy_avx512(t: x86_avx512::Avx512, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
         x86_avx512::attention_axpy_f16(t, w, values, o, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn scores_group_avx512(
+        t: x86_avx512::Avx512,
+        qs: &[f32],
+        heads: usize,
+        keys: &[half::f16],
+        scale: f32,
+        out: &mut [f32],
+        ahead: &[half::f16],
+    ) {
+        x86_avx512::attention_scores_group_f16(t, qs, heads, keys, scale, out, ahead)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn axpy_group_avx512(
+        t: x86_avx512::Avx512,
+        ws: &[f32],
+        heads: usize,
+        values: &[half::f16],
+        os: &mut [f32],
+        ahead: &[half::f16],
+    ) {
+        x86_avx512::attention_axpy_group_f16(t, ws, heads, values, os, ahead)
     }
     #[cfg(target_arch = "x86_64")]
     fn scores_avx2(t: x86_avx2::Avx2, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32], ahead: &[half::f16]) {

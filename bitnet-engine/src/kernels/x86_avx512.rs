@@ -1786,21 +1786,33 @@ unsafe fn scores16<K: Lanes>(q: &[f32], k: *const K) -> __m512 {
         }
         i += 16;
     }
+    reduce_tree16(acc)
+}
+
+/// Lane `4c + i` = the lanes of `acc[4i + c]` summed as [`reduce_fixed`] sums them (l + l+8,
+/// then l + l+4, l + l+2, l + l+1), for 16 accumulators at once with shuffles.
+#[inline(always)]
+unsafe fn reduce_tree16(acc: [__m512; 16]) -> __m512 {
+    // Plain loops, not array::from_fn: its closures are not always inlined, and out of line
+    // they lose the caller's target features (see reduce16).
     // l + l+8: blocks [A 0-7 | B 0-7].
-    let t: [__m512; 8] = std::array::from_fn(|j| {
+    let mut t = [_mm512_setzero_ps(); 8];
+    for j in 0..8 {
         let (a, b) = (acc[2 * j], acc[2 * j + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
-    });
+        t[j] = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b));
+    }
     // l + l+4: blocks [A | B | C | D], 4 lanes each.
-    let u: [__m512; 4] = std::array::from_fn(|j| {
+    let mut u = [_mm512_setzero_ps(); 4];
+    for j in 0..4 {
         let (a, b) = (t[2 * j], t[2 * j + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
-    });
+        u[j] = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b));
+    }
     // l + l+2: block c of w[j] is [u[2j] block c: 2 lanes | u[2j+1] block c: 2 lanes].
-    let w: [__m512; 2] = std::array::from_fn(|j| {
+    let mut w = [_mm512_setzero_ps(); 2];
+    for j in 0..2 {
         let (a, b) = (_mm512_castps_pd(u[2 * j]), _mm512_castps_pd(u[2 * j + 1]));
-        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)))
-    });
+        w[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
     // l + l+1: block c is [u[0], u[1], u[2], u[3]] block c, i.e. accumulators c, 4 + c, 8 + c,
     // 12 + c, which hold keys 4c, 4c + 1, 4c + 2, 4c + 3.
     _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]), _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]))
@@ -1848,7 +1860,11 @@ unsafe fn axpy_block<K: Lanes, const C: usize>(
     let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), w.len(), values.as_ptr() as *const u8);
     let n = ob.len();
     let width = |c: usize| (n - 16 * c).min(16);
-    let mut acc: [__m512; C] = std::array::from_fn(|c| f32::load16(ob.as_ptr().add(16 * c), width(c)));
+    // A plain loop, not array::from_fn (see reduce16).
+    let mut acc = [_mm512_setzero_ps(); C];
+    for (c, a) in acc.iter_mut().enumerate() {
+        *a = f32::load16(ob.as_ptr().add(16 * c), width(c));
+    }
     let shares = PrefetchShares::new(ahead, rows);
     for (p, wp) in w.iter().enumerate() {
         if first {
@@ -1864,6 +1880,190 @@ unsafe fn axpy_block<K: Lanes, const C: usize>(
     for (c, a) in acc.iter().enumerate() {
         _mm512_mask_storeu_ps(ob.as_mut_ptr().add(16 * c), ((1u32 << width(c)) - 1) as __mmask16, *a);
     }
+}
+
+/// Scores of the `heads` query heads of one grouped-query group (`qs`: `heads` rows of hd) over
+/// their shared keys into `out` (`heads` rows of n): four heads a pass (then two, then one with
+/// [`scores_impl`]), each block of keys loaded (and converted from f16) once for all of them.
+/// Every score is the per-head kernel's, bit for bit: each (key, head) accumulator is built
+/// chunk by chunk as there, and reduced by the same tree.
+#[inline(always)]
+unsafe fn scores_group_impl<K: Lanes>(qs: &[f32], heads: usize, keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+    let (hd, n) = (qs.len() / heads, out.len() / heads);
+    let mut h = 0;
+    while h < heads {
+        // The first pass streams the keys in (and asks for `ahead`); later ones find them in L2.
+        let ah = if h == 0 { ahead } else { &[] };
+        let (q, o) = (&qs[h * hd..], &mut out[h * n..]);
+        h += match heads - h {
+            1 => {
+                scores_impl(&q[..hd], keys, scale, &mut o[..n], ah);
+                1
+            }
+            2 | 3 => scores_heads::<K, 2, 8>(q, hd, keys, scale, o, n, ah),
+            _ => scores_heads::<K, 4, 4>(q, hd, keys, scale, o, n, ah),
+        };
+    }
+}
+
+/// H heads (rows of `qs`) × `n` keys, KP = 16 / H keys a pass: one accumulator per (key, head),
+/// reduced together by [`reduce_tree16`]. Returns H.
+#[inline(always)]
+unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
+    qs: &[f32],
+    hd: usize,
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+    ahead: &[K],
+) -> usize {
+    const { assert!(H * KP == 16) };
+    debug_assert!(qs.len() >= H * hd && out.len() >= (H - 1) * n + n && keys.len() >= n * hd);
+    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), keys.as_ptr() as *const u8);
+    let steps = n / KP + 1;
+    let shares = PrefetchShares::new(ahead, steps);
+    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, n);
+    let sc = _mm512_set1_ps(scale);
+    let mut p = 0;
+    while p + KP <= n {
+        prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + KP, n);
+        shares.issue(p / KP);
+        // Lane h·KP + k: head h, key p + k.
+        let v = _mm512_mul_ps(scores_block::<K, H, KP>(qs, hd, keys.as_ptr().add(p * hd)), sc);
+        for h in 0..H {
+            // Lanes h·KP..(h + 1)·KP, stored at out[h·n + p..]: the store's lane 0 falls
+            // h·KP floats before it (masked off, never written).
+            let dst = out.as_mut_ptr().add(h * n + p).wrapping_sub(h * KP);
+            _mm512_mask_storeu_ps(dst, (((1u32 << KP) - 1) << (h * KP)) as __mmask16, v);
+        }
+        p += KP;
+    }
+    shares.issue(steps - 1);
+    for p in p..n {
+        let k = keys.as_ptr().add(p * hd);
+        for h in 0..H {
+            let q = qs.as_ptr().add(h * hd);
+            let mut acc = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < hd {
+                let w = (hd - i).min(16);
+                let prod = _mm512_mul_ps(f32::load16(q.add(i), w), K::load16(k.add(i), w));
+                acc = _mm512_mask_add_ps(acc, ((1u32 << w) - 1) as __mmask16, acc, prod);
+                i += 16;
+            }
+            out[h * n + p] = reduce_fixed(acc) * scale;
+        }
+    }
+    H
+}
+
+/// Unscaled scores of KP keys from `k` × H heads, lane h·KP + k (see [`reduce_tree16`]'s
+/// accumulator order): each key's chunk is loaded once for the H heads.
+#[inline(always)]
+unsafe fn scores_block<K: Lanes, const H: usize, const KP: usize>(qs: &[f32], hd: usize, k: *const K) -> __m512 {
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut i = 0;
+    while i < hd {
+        let w = (hd - i).min(16);
+        let m = ((1u32 << w) - 1) as __mmask16;
+        let mut qv = [_mm512_setzero_ps(); H];
+        for h in 0..H {
+            qv[h] = f32::load16(qs.as_ptr().add(h * hd + i), w);
+        }
+        for key in 0..KP {
+            let kv = K::load16(k.add(key * hd + i), w);
+            for h in 0..H {
+                // Output lane L = h·KP + key comes from accumulator 4(L mod 4) + L / 4.
+                let l = h * KP + key;
+                let a = 4 * (l % 4) + l / 4;
+                let prod = _mm512_mul_ps(qv[h], kv);
+                acc[a] = _mm512_mask_add_ps(acc[a], m, acc[a], prod);
+            }
+        }
+        i += 16;
+    }
+    reduce_tree16(acc)
+}
+
+/// The weighted sums of the `heads` heads of one group over their shared values (`ws`: `heads`
+/// rows of n weights; `os`: `heads` rows of hd), four heads a pass (then two, then one with
+/// [`axpy_impl`]), each value chunk loaded (and converted) once for all of them. Each lane adds
+/// its products in position order, as the per-head kernel does: the same floats.
+#[inline(always)]
+unsafe fn axpy_group_impl<K: Lanes>(ws: &[f32], heads: usize, values: &[K], os: &mut [f32], ahead: &[K]) {
+    let (n, hd) = (ws.len() / heads, os.len() / heads);
+    let mut h = 0;
+    while h < heads {
+        let ah = if h == 0 { ahead } else { &[] };
+        let (w, o) = (&ws[h * n..], &mut os[h * hd..]);
+        h += match heads - h {
+            1 => {
+                axpy_impl(&w[..n], values, &mut o[..hd], ah);
+                1
+            }
+            2 | 3 => axpy_heads::<K, 2, 8>(w, n, values, o, hd, ah),
+            _ => axpy_heads::<K, 4, 4>(w, n, values, o, hd, ah),
+        };
+    }
+}
+
+/// H heads' weighted sums, C ≤ 16 / H vectors of dims a pass over the positions. Returns H.
+#[inline(always)]
+unsafe fn axpy_heads<K: Lanes, const H: usize, const C: usize>(
+    ws: &[f32],
+    n: usize,
+    values: &[K],
+    os: &mut [f32],
+    hd: usize,
+    ahead: &[K],
+) -> usize {
+    debug_assert!(ws.len() >= H * n && os.len() >= H * hd && values.len() >= n * hd);
+    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), values.as_ptr() as *const u8);
+    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, n);
+    let shares = PrefetchShares::new(ahead, n);
+    let mut d0 = 0;
+    while d0 < hd {
+        let first = d0 == 0;
+        let width = |c: usize| (hd - d0).saturating_sub(16 * c).min(16);
+        let mut acc = [[_mm512_setzero_ps(); C]; H];
+        for h in 0..H {
+            for c in 0..C {
+                if width(c) > 0 {
+                    acc[h][c] = f32::load16(os.as_ptr().add(h * hd + d0 + 16 * c), width(c));
+                }
+            }
+        }
+        for p in 0..n {
+            if first {
+                prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, n);
+                shares.issue(p);
+            }
+            let mut wv = [_mm512_setzero_ps(); H];
+            for h in 0..H {
+                wv[h] = _mm512_set1_ps(*ws.get_unchecked(h * n + p));
+            }
+            for c in 0..C {
+                if width(c) == 0 {
+                    break;
+                }
+                let v = K::load16(values.as_ptr().add(p * hd + d0 + 16 * c), width(c));
+                for h in 0..H {
+                    acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(wv[h], v));
+                }
+            }
+        }
+        for h in 0..H {
+            for c in 0..C {
+                if width(c) > 0 {
+                    let m = ((1u32 << width(c)) - 1) as __mmask16;
+                    _mm512_mask_storeu_ps(os.as_mut_ptr().add(h * hd + d0 + 16 * c), m, acc[h][c]);
+                }
+            }
+        }
+        d0 += 16 * C;
+    }
+    H
 }
 
 macro_rules! attention_entry {
@@ -1893,6 +2093,58 @@ macro_rules! attention_entry {
 
 attention_entry!(attention_scores_f32, attention_axpy_f32, f32, scores_f32_impl, axpy_f32_impl);
 attention_entry!(attention_scores_f16, attention_axpy_f16, half::f16, scores_f16_impl, axpy_f16_impl);
+
+macro_rules! attention_group_entry {
+    ($scores:ident, $axpy:ident, $t:ty, $si:ident, $ai:ident) => {
+        /// [`scores_group_impl`]: `heads` rows of `qs` over the keys, into `heads` rows of `out`.
+        pub(crate) fn $scores(
+            _t: Avx512,
+            qs: &[f32],
+            heads: usize,
+            keys: &[$t],
+            scale: f32,
+            out: &mut [f32],
+            ahead: &[$t],
+        ) {
+            assert!(heads > 0 && qs.len() % heads == 0 && out.len() % heads == 0);
+            assert!(keys.len() >= out.len() / heads * (qs.len() / heads));
+            // SAFETY: the token proves AVX-512 F/BW/VL/F16C; every load stays inside `qs` and
+            // `keys` and every store inside `out` (rows of hd and n, masked at the ends), as the
+            // asserts above guarantee; `ahead` is only prefetched, which never faults.
+            unsafe { $si(qs, heads, keys, scale, out, ahead) }
+        }
+        /// [`axpy_group_impl`]: `heads` rows of `ws` over the values, into `heads` rows of `os`.
+        pub(crate) fn $axpy(_t: Avx512, ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
+            assert!(heads > 0 && ws.len() % heads == 0 && os.len() % heads == 0);
+            assert!(values.len() >= ws.len() / heads * (os.len() / heads));
+            // SAFETY: as above, for `ws`, `values` and `os`.
+            unsafe { $ai(ws, heads, values, os, ahead) }
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $si(qs: &[f32], heads: usize, keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
+            scores_group_impl(qs, heads, keys, scale, out, ahead)
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $ai(ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
+            axpy_group_impl(ws, heads, values, os, ahead)
+        }
+    };
+}
+
+attention_group_entry!(
+    attention_scores_group_f32,
+    attention_axpy_group_f32,
+    f32,
+    scores_group_f32_impl,
+    axpy_group_f32_impl
+);
+attention_group_entry!(
+    attention_scores_group_f16,
+    attention_axpy_group_f16,
+    half::f16,
+    scores_group_f16_impl,
+    axpy_group_f16_impl
+);
 
 /// Q6_K LM head × two or more tokens with VNNI, from the tokens' sub-block lane copies
 /// ([`ActivationBatch::build_q6k_lanes`]). Each block's codes are rearranged in registers so
