@@ -1412,6 +1412,13 @@ pub(crate) fn gated_activation(act: crate::model::config::FfnActivation, gate: &
     widest_compiled!(gated_activation, crate::model::ops::gated_activation_portable, act, gate, up)
 }
 
+/// Softmax of attention scores in place (`ops::softmax_in_place_portable`) compiled for the
+/// widest ISA the CPU has, as [`gated_activation`]: the same floats. At baseline x86-64 it took
+/// about 1.9 ns per score (2B4T, 1024-token context: 3% of a one-thread decode step).
+pub(crate) fn softmax_in_place(scores: &mut [f32]) {
+    widest_compiled!(softmax_in_place, crate::model::ops::softmax_in_place_portable, scores)
+}
+
 /// Per-token int8 quantization (`activations::quantize_token_portable`, the definition): with
 /// AVX-512 that code compiled for it (which has byte-narrowing instructions), with AVX2 intrinsics
 /// (`x86_avx2::quantize_token`), each bit-identical to it. At baseline x86-64 the float → byte
@@ -1836,6 +1843,36 @@ mod tests {
                 let i = 3;
                 let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
                 assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_is_bit_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(9);
+        // Lengths around the 16-lane blocks, spreads that underflow some exponentials, and -∞.
+        for n in [1usize, 5, 16, 17, 129, 1025] {
+            for spread in [1.0f32, 30.0, 200.0] {
+                let mut s: Vec<f32> = (0..n).map(|_| (g.unit_f32() - 0.5) * spread).collect();
+                if n > 4 {
+                    s[3] = f32::NEG_INFINITY;
+                }
+                let (mut fast, mut plain) = (s.clone(), s.clone());
+                super::softmax_in_place(&mut fast);
+                crate::model::ops::softmax_in_place_portable(&mut plain);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&plain), "n {n} spread {spread}");
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = super::x86_avx2::Avx2::new() {
+                    let mut avx2 = s.clone();
+                    super::x86_avx2::softmax_in_place(t, &mut avx2);
+                    assert_eq!(bits(&avx2), bits(&plain), "AVX2, n {n} spread {spread}");
+                }
+                // And it is a softmax: sums to 1, the largest score has the largest weight.
+                let sum: f64 = fast.iter().map(|v| *v as f64).sum();
+                assert!((sum - 1.0).abs() < 1e-5, "n {n}: Σ = {sum}");
+                let top = (0..n).max_by(|&a, &b| s[a].total_cmp(&s[b])).unwrap();
+                assert!(fast.iter().all(|v| *v <= fast[top]), "n {n}");
             }
         }
     }

@@ -10,12 +10,12 @@ use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder}
 use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
     attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, prefetch_l2,
-    q6k_lanes_used, rms_norm_in_place, rms_norm_rows, transpose_cols_into, Kernel, KernelFamily, KernelForm,
-    KernelScratch, ENCODED_CHUNK_VALUES, LUT_MAX_BATCH,
+    q6k_lanes_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
+    KernelForm, KernelScratch, ENCODED_CHUNK_VALUES, LUT_MAX_BATCH,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
-use crate::model::ops::{add_in_place, rope, rope_angles, softmax_in_place, transpose_into};
+use crate::model::ops::{add_in_place, rope, rope_angles, transpose_into};
 use crate::model::pool::WorkerPool;
 use crate::model::weights::Weights;
 

@@ -192,8 +192,10 @@ pub(crate) fn gated_activation_portable(act: crate::model::config::FfnActivation
     }
 }
 
-/// Softmax of attention scores, in place: e^(s − max) / Σ.
-pub(crate) fn softmax_in_place(scores: &mut [f32]) {
+/// Softmax of attention scores, in place: e^(s − max) / Σ. Runs at the widest ISA this CPU has
+/// ([`crate::kernels::softmax_in_place`]), with identical results.
+#[inline(always)]
+pub(crate) fn softmax_in_place_portable(scores: &mut [f32]) {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = scores.chunks_exact(LANES);
     // Compare-and-select, not `f32::max` (whose NaN rule keeps LLVM from using `maxps`).
@@ -270,7 +272,7 @@ mod tests {
                 assert!((out[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1e-3), "norm n = {n}, i = {i}");
             }
             let mut s = a.clone();
-            softmax_in_place(&mut s);
+            softmax_in_place_portable(&mut s);
             let max = a.iter().fold(f32::MIN, |m, v| m.max(*v)) as f64;
             let total: f64 = a.iter().map(|v| (*v as f64 - max).exp()).sum();
             for i in 0..n {
