@@ -445,21 +445,8 @@ impl ActivationBatch {
     pub fn q6k_lanes_ready(&self) -> bool {
         self.q6k_ready
     }
-    /// Token `b`'s values in the Q6_K head's lane order, `padded_cols` bytes; valid after
-    /// `build_q6k_lanes`.
-    #[inline]
-    pub fn q6k_lanes(&self, b: usize) -> &[i8] {
-        &self.q6k_lanes.as_i8()[b * self.padded..(b + 1) * self.padded]
-    }
-    /// Token `b`'s −32 × sum per 16 columns, `padded_cols / 16` values; valid after
-    /// `build_q6k_lanes`.
-    #[inline]
-    pub fn q6k_offsets(&self, b: usize) -> &[i32] {
-        let n = self.padded / 16;
-        &self.q6k_offsets[b * n..(b + 1) * n]
-    }
-    /// Tokens `b`' lane-ordered values and offsets ([`Self::q6k_lanes`], [`Self::q6k_offsets`]),
-    /// token after token.
+    /// Tokens `b`' lane-ordered values (`padded_cols` bytes each) and offsets (`padded_cols / 16`
+    /// each), token after token; valid after [`Self::build_q6k_lanes`].
     #[inline]
     pub(crate) fn q6k_lane_tokens(&self, b: Range<usize>) -> (&[i8], &[i32]) {
         let n = self.padded / 16;

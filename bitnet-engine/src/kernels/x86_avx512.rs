@@ -1751,18 +1751,24 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
     }
     shares.issue(steps - 1);
     for (p, o) in out.iter_mut().enumerate().skip(p) {
-        let k = keys.as_ptr().add(p * hd);
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < hd {
-            let n = (hd - i).min(16);
-            let prod = _mm512_mul_ps(f32::load16(q.as_ptr().add(i), n), K::load16(k.add(i), n));
-            acc = _mm512_mask_add_ps(acc, ((1u32 << n) - 1) as __mmask16, acc, prod);
-            i += 16;
-        }
-        *o = reduce_fixed(acc) * scale;
+        *o = score_one(q.as_ptr(), keys.as_ptr().add(p * hd), hd) * scale;
     }
+}
+
+/// The unscaled score of one key at `k` (hd values) for the query at `q`: 16-lane products
+/// added chunk by chunk, then [`reduce_fixed`] (what [`reduce_tree16`] gives 16 keys at once).
+#[inline(always)]
+unsafe fn score_one<K: Lanes>(q: *const f32, k: *const K, hd: usize) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < hd {
+        let n = (hd - i).min(16);
+        let prod = _mm512_mul_ps(f32::load16(q.add(i), n), K::load16(k.add(i), n));
+        acc = _mm512_mask_add_ps(acc, ((1u32 << n) - 1) as __mmask16, acc, prod);
+        i += 16;
+    }
+    reduce_fixed(acc)
 }
 
 /// Unscaled scores of 16 consecutive keys from `k` (rows of `q.len()`), lane j = key j, each
@@ -1920,7 +1926,7 @@ unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
     ahead: &[K],
 ) -> usize {
     const { assert!(H * KP == 16) };
-    debug_assert!(qs.len() >= H * hd && out.len() >= (H - 1) * n + n && keys.len() >= n * hd);
+    debug_assert!(qs.len() >= H * hd && out.len() >= H * n && keys.len() >= n * hd);
     let (row_bytes, base) = (hd * std::mem::size_of::<K>(), keys.as_ptr() as *const u8);
     let steps = n / KP + 1;
     let shares = PrefetchShares::new(ahead, steps);
@@ -1942,18 +1948,8 @@ unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
     }
     shares.issue(steps - 1);
     for p in p..n {
-        let k = keys.as_ptr().add(p * hd);
         for h in 0..H {
-            let q = qs.as_ptr().add(h * hd);
-            let mut acc = _mm512_setzero_ps();
-            let mut i = 0;
-            while i < hd {
-                let w = (hd - i).min(16);
-                let prod = _mm512_mul_ps(f32::load16(q.add(i), w), K::load16(k.add(i), w));
-                acc = _mm512_mask_add_ps(acc, ((1u32 << w) - 1) as __mmask16, acc, prod);
-                i += 16;
-            }
-            out[h * n + p] = reduce_fixed(acc) * scale;
+            out[h * n + p] = score_one(qs.as_ptr().add(h * hd), keys.as_ptr().add(p * hd), hd) * scale;
         }
     }
     H
