@@ -17,7 +17,5 @@ pub fn activations(batch: usize, cols: usize, seed: u64) -> ActivationBatch {
     let mut a = ActivationBatch::new(batch, cols).expect("valid shape");
     a.quantize(&x).expect("matching length");
     a.build_planes();
-    a.build_lut();
-    a.build_perm();
     a
 }

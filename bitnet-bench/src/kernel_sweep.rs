@@ -139,8 +139,6 @@ fn activations(batch: usize, cols: usize) -> Result<ActivationBatch> {
     let mut a = ActivationBatch::new(batch, cols)?;
     a.quantize(&x)?;
     a.build_planes();
-    a.build_lut();
-    a.build_perm();
     Ok(a)
 }
 

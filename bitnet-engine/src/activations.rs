@@ -6,11 +6,10 @@
 //! So each token keeps `sum(x)` over K and per 256-weight block (for the block-scaled formats).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
-use crate::formats::tq1_lut::lut_table_bytes;
-use crate::formats::tq1_perm::perm_table_bytes;
 
 /// Activations are stored padded with zeros to a multiple of this many columns, so every kernel
 /// can read whole 256-wide blocks; zeros contribute nothing to any dot product.
@@ -47,21 +46,23 @@ pub struct ActivationBatch {
     /// `[batch, 8]`: popcount of each plane.
     plane_counts: Vec<u32>,
     planes_ready: bool,
-    /// `[batch, lut_table_bytes(cols)]`: each token's tables for the table-lookup TQ1 kernels
-    /// (see `formats::tq1_lut`); filled by `build_lut`. Room for as many tokens as
-    /// `reserve_lut` asked for, or as the first `build_lut` call had.
-    lut: AlignedBytes,
-    lut_ready: bool,
-    /// `[batch, perm_table_bytes(cols)]`: each token's 32-entry tables for the `perm` form of
-    /// the TQ1 kernels (see `formats::tq1_perm`); filled by `build_perm`, reserved as `lut`.
-    perm: AlignedBytes,
-    perm_ready: bool,
     /// `[batch, padded]`: each token's values in the Q6_K head's sub-block lane order (see
-    /// [`Self::build_q6k_lanes`]); reserved as `lut`.
+    /// [`Self::build_q6k_lanes`]). Room for as many tokens as `reserve_q6k_lanes` asked for,
+    /// or as the first `build_q6k_lanes` call had.
     q6k_lanes: AlignedBytes,
     /// `[batch, padded / 16]`: −32 × each 16 columns' sum, the Q6_K `− 32` offset per sub-block.
     q6k_offsets: Vec<i32>,
     q6k_ready: bool,
+    /// Names these values: a new one, unique in the process, whenever they change (see
+    /// [`Self::stamp`]).
+    stamp: u64,
+}
+
+/// The next [`ActivationBatch::stamp`]; 0 is never handed out.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+fn new_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Relaxed)
 }
 
 /// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
@@ -158,13 +159,10 @@ impl ActivationBatch {
             planes: vec![0; batch * ACT_PLANES * words],
             plane_counts: vec![0; batch * ACT_PLANES],
             planes_ready: false,
-            lut: AlignedBytes::zeroed(0),
-            lut_ready: false,
-            perm: AlignedBytes::zeroed(0),
-            perm_ready: false,
             q6k_lanes: AlignedBytes::zeroed(0),
             q6k_offsets: Vec::new(),
             q6k_ready: false,
+            stamp: new_stamp(),
         })
     }
 
@@ -176,9 +174,8 @@ impl ActivationBatch {
         }
         self.batch = batch;
         self.planes_ready = false;
-        self.lut_ready = false;
-        self.perm_ready = false;
         self.q6k_ready = false;
+        self.stamp = new_stamp();
         Ok(())
     }
 
@@ -247,58 +244,8 @@ impl ActivationBatch {
             self.sums[b] = total;
         }
         self.planes_ready = false;
-        self.lut_ready = false;
-        self.perm_ready = false;
         self.q6k_ready = false;
-    }
-
-    /// Makes room for the lookup tables of up to `tokens` tokens (at most the capacity), so that
-    /// `build_lut` on batches that size allocates nothing. A state reserves
-    /// [`LUT_MAX_BATCH`](crate::kernels::LUT_MAX_BATCH): larger batches run the fused form and
-    /// build no tables, so room for every row of a prompt buffer would be unused.
-    pub fn reserve_lut(&mut self, tokens: usize) {
-        let bytes = tokens.min(self.capacity) * lut_table_bytes(self.cols);
-        if self.lut.len() < bytes {
-            self.lut = AlignedBytes::zeroed(bytes);
-        }
-    }
-
-    /// Builds every token's lookup tables (for the `lut` form of the TQ1 kernels): for each
-    /// group of three columns, the sums of the 14 sign-normalized ternary patterns. Grows the
-    /// tables' storage to this batch first if `reserve_lut` did not make room for it. Never
-    /// inlined: part of the `quantize` stage.
-    #[inline(never)]
-    pub fn build_lut(&mut self) {
-        let stride = lut_table_bytes(self.cols);
-        self.reserve_lut(self.batch);
-        for b in 0..self.batch {
-            let x = &self.values.as_i8()[b * self.padded..b * self.padded + self.cols];
-            crate::kernels::build_lut_tables(x, &mut self.lut.as_mut_slice()[b * stride..(b + 1) * stride]);
-        }
-        self.lut_ready = true;
-    }
-
-    /// Makes room for the `perm` tables of up to `tokens` tokens, as [`Self::reserve_lut`].
-    pub fn reserve_perm(&mut self, tokens: usize) {
-        let bytes = tokens.min(self.capacity) * perm_table_bytes(self.cols);
-        if self.perm.len() < bytes {
-            self.perm = AlignedBytes::zeroed(bytes);
-        }
-    }
-
-    /// Builds every token's 32-entry lookup tables (for the `perm` form of the TQ1 kernels):
-    /// for each group of three columns, the sums of the 14 sign-normalized ternary patterns
-    /// and their complements. Grows the storage as [`Self::build_lut`] does. Never inlined:
-    /// part of the `quantize` stage.
-    #[inline(never)]
-    pub fn build_perm(&mut self) {
-        let stride = perm_table_bytes(self.cols);
-        self.reserve_perm(self.batch);
-        for b in 0..self.batch {
-            let x = &self.values.as_i8()[b * self.padded..b * self.padded + self.cols];
-            crate::kernels::build_perm_tables(x, &mut self.perm.as_mut_slice()[b * stride..(b + 1) * stride]);
-        }
-        self.perm_ready = true;
+        self.stamp = new_stamp();
     }
 
     /// Makes room for the Q6_K head's lane-ordered copies of up to `tokens` tokens (at most the
@@ -315,7 +262,8 @@ impl ActivationBatch {
     /// two or more tokens), which keeps one i32 lane per 16-weight sub-block so that a block's
     /// sub-block scales are one multiply: of each 256-column block, 64-byte chunk j holds in
     /// bytes 4s..4s + 4 the columns 16s + 4j..16s + 4j + 4 (s < 16); and −32 × each 16 columns'
-    /// sum, the `− 32` offset of Q6_K codes. Grows the storage as [`Self::build_lut`] does.
+    /// sum, the `− 32` offset of Q6_K codes. Grows the storage to this batch first if
+    /// `reserve_q6k_lanes` did not make room for it.
     /// Never inlined: part of the `quantize` stage.
     #[inline(never)]
     pub fn build_q6k_lanes(&mut self) {
@@ -424,23 +372,11 @@ impl ActivationBatch {
     pub fn planes_ready(&self) -> bool {
         self.planes_ready
     }
-    pub fn lut_ready(&self) -> bool {
-        self.lut_ready
-    }
-    /// Token `b`'s lookup tables, `lut_table_bytes(cols)` bytes; valid after `build_lut`.
-    #[inline]
-    pub fn lut(&self, b: usize) -> &[u8] {
-        let stride = lut_table_bytes(self.cols);
-        &self.lut.as_slice()[b * stride..(b + 1) * stride]
-    }
-    pub fn perm_ready(&self) -> bool {
-        self.perm_ready
-    }
-    /// Token `b`'s `perm` tables, `perm_table_bytes(cols)` bytes; valid after `build_perm`.
-    #[inline]
-    pub fn perm(&self, b: usize) -> &[u8] {
-        let stride = perm_table_bytes(self.cols);
-        &self.perm.as_slice()[b * stride..(b + 1) * stride]
+    /// Names the current values: equal stamps mean equal values, so a thread that derived
+    /// something from them (the lookup kernels' tables, `KernelScratch`) knows whether it is
+    /// still valid. Each quantization, `set_quantized` and `set_batch` takes a new one.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
     pub fn q6k_lanes_ready(&self) -> bool {
         self.q6k_ready
@@ -488,61 +424,6 @@ mod tests {
         }
         assert_eq!((a.scale(1), a.sum(1)), (0.0, 0));
         assert_eq!(a.token(0).iter().map(|v| v.unsigned_abs()).max(), Some(127));
-    }
-
-    #[test]
-    fn perm_tables_equal_their_definition_and_fill_reserved_room() {
-        // Short rows (the SIMD builder's tail only), odd lengths, and the model widths, with
-        // the extreme values −127 and 127 among them.
-        for cols in [1usize, 3, 4, 5, 7, 24, 25, 1536, 2561, 6912] {
-            let stride = perm_table_bytes(cols);
-            let mut a = ActivationBatch::new(3, cols).unwrap();
-            a.reserve_perm(2);
-            let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 31 % 101) as f32 - 50.0) / 7.0).collect();
-            for batch in [2, 3] {
-                a.set_batch(batch).unwrap();
-                a.quantize(&x[..batch * cols]).unwrap();
-                a.build_perm();
-                assert!(a.perm_ready());
-                assert_eq!(a.perm.len(), batch.max(2) * stride);
-                for b in 0..batch {
-                    let mut one = vec![0u8; stride];
-                    crate::formats::tq1_perm::build_perm_tables_portable(&a.token(b)[..cols], &mut one);
-                    assert!(a.perm(b) == one.as_slice(), "K={cols}, B={batch}, token {b}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn lut_tables_fill_reserved_room_and_grow_only_past_it() {
-        let (cols, stride) = (2560, lut_table_bytes(2560));
-        let mut a = ActivationBatch::new(64, cols).unwrap();
-        a.reserve_lut(8);
-        assert_eq!(a.lut.len(), 8 * stride);
-        let x: Vec<f32> = (0..64 * cols).map(|i| ((i * 29 % 97) as f32 - 48.0) / 5.0).collect();
-        for batch in [1, 8, 3] {
-            a.set_batch(batch).unwrap();
-            a.quantize(&x[..batch * cols]).unwrap();
-            let at = a.lut.as_slice().as_ptr();
-            a.build_lut();
-            assert_eq!((a.lut.len(), a.lut.as_slice().as_ptr()), (8 * stride, at), "B={batch} reallocated");
-            // The tables are those of each token on its own.
-            for b in 0..batch {
-                let mut one = vec![0u8; stride];
-                crate::formats::tq1_lut::build_token_tables_portable(&a.token(b)[..cols], &mut one);
-                assert!(a.lut(b) == one.as_slice(), "B={batch}, token {b}");
-            }
-        }
-        // A larger batch than reserved still gets its tables.
-        a.set_batch(9).unwrap();
-        a.quantize(&x[..9 * cols]).unwrap();
-        a.build_lut();
-        assert_eq!(a.lut.len(), 9 * stride);
-        // Reserving never exceeds the capacity.
-        let mut small = ActivationBatch::new(2, cols).unwrap();
-        small.reserve_lut(8);
-        assert_eq!(small.lut.len(), 2 * stride);
     }
 
     #[test]

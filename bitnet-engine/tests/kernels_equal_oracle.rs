@@ -60,8 +60,6 @@ fn activations(batch: usize, k: usize, seed: u64) -> ActivationBatch {
     let mut a = ActivationBatch::new(batch, k).unwrap();
     a.quantize(&x).unwrap();
     a.build_planes();
-    a.build_lut();
-    a.build_perm();
     a
 }
 
@@ -273,8 +271,6 @@ fn extreme_activations_equal_oracle() {
                 let mut x = ActivationBatch::new(b, k).unwrap();
                 x.set_quantized(&vec![fill; b * k], &vec![0.25; b]).unwrap();
                 x.build_planes();
-                x.build_lut();
-                x.build_perm();
                 for format in WeightFormat::ALL {
                     let Some(w) = pack(format, &m) else { continue };
                     let want = oracle(&w, &x, 0..9);
@@ -314,8 +310,6 @@ fn sums_at_the_integer_limits_equal_oracle() {
             let mut x = ActivationBatch::new(b, k).unwrap();
             x.set_quantized(&vec![fill; b * k], &vec![0.5; b]).unwrap();
             x.build_planes();
-            x.build_lut();
-            x.build_perm();
             for format in WeightFormat::ALL {
                 let Some(w) = pack(format, &m) else { continue };
                 let want = oracle(&w, &x, 0..rows);
@@ -460,8 +454,6 @@ fn tq1_long_rows_on_both_sides_of_the_i32_limit_equal_oracle() {
         let w = PackedWeights::Tq1(Tq1Matrix::from_blocks(n, k, blocks).unwrap());
         let mut x = ActivationBatch::new(1, k).unwrap();
         x.quantize(&vec![-1.0; k]).unwrap();
-        x.build_lut();
-        x.build_perm();
         assert_eq!(x.token(0)[k - 1], -127);
         let want = oracle(&w, &x, 0..n);
         for &(kernel, _) in kernels_under_test().iter().filter(|(_, f)| *f == WeightFormat::Tq1_0) {
@@ -513,8 +505,6 @@ fn mismatched_arguments_are_clear_errors() {
     assert!(err.contains("build_planes"), "{err}");
     let lut = Kernel::new(KernelFamily::Tq1, IsaLevel::Scalar, KernelForm::Lut).unwrap();
     let tq1 = WeightFormat::Tq1_0.pack(&m).unwrap();
-    let err = lut.matmul(&tq1, &no_planes, 0..4, &mut [0.0; 8], &mut s).unwrap_err().to_string();
-    assert!(err.contains("build_lut"), "{err}");
     // Above LUT_MAX_BATCH tokens the lut form reads no tables (it runs the fused form).
     let big = LUT_MAX_BATCH + 1;
     let mut no_tables = ActivationBatch::new(big, 256).unwrap();
@@ -591,8 +581,6 @@ fn split_stages_run_alone() {
         let v: Vec<f32> = (0..b * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
         x.quantize(&v).unwrap();
         x.build_planes();
-        x.build_lut();
-        x.build_perm();
         let mut want = vec![0f32; n * b];
         Kernel::new(KernelFamily::Scalar, IsaLevel::Scalar, KernelForm::Fused)
             .unwrap()
@@ -645,10 +633,16 @@ fn scratch_made_for_the_kernels_never_grows_and_holds_only_what_they_read() {
                     assert!(made.reordered > 0 && made.unpacked > 0, "{kernel}: {made:?}")
                 }
                 // Lookups up to LUT_MAX_BATCH, the decoded-rows kernel above: no reordering.
+                // Each thread's own tables of up to LUT_MAX_BATCH tokens.
                 (KernelFamily::Tq1, IsaLevel::Avx2 | IsaLevel::Avx512, KernelForm::Lut)
                 | (KernelFamily::Tq1, IsaLevel::Avx512, KernelForm::Perm) => {
-                    assert!(made.reordered == 0 && made.unpacked > 0, "{kernel}: {made:?}");
-                    assert_eq!(kernel.scratch_needs(padded, LUT_MAX_BATCH), none, "{kernel}");
+                    assert!(made.reordered == 0 && made.unpacked > 0 && made.tables > 0, "{kernel}: {made:?}");
+                    let tables = ScratchNeeds { tables: made.tables, ..none };
+                    assert_eq!(kernel.scratch_needs(padded, LUT_MAX_BATCH), tables, "{kernel}");
+                }
+                (KernelFamily::Tq1, IsaLevel::Scalar, KernelForm::Lut | KernelForm::Perm) => {
+                    assert_eq!(made, ScratchNeeds { tables: made.tables, ..none }, "{kernel}");
+                    assert!(made.tables > 0, "{kernel}");
                 }
                 (KernelFamily::Tq2, IsaLevel::Avx512, KernelForm::Fused) => {}
                 _ => assert_eq!(made, none, "{kernel} reads no scratch"),

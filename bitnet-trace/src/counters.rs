@@ -255,13 +255,9 @@ pub fn isolated_stages(
         if kernel.family() == bitnet_engine::KernelFamily::Xnor {
             x.build_planes();
         }
-        if kernel.uses_perm() {
-            x.build_perm();
-            kernel.prepare(w);
-        } else if kernel.uses_lut() {
-            x.build_lut();
-            kernel.prepare(w);
-        }
+        // (The lookup forms build their tables on the first call, in the scratch, and reuse
+        // them for these activations: the runs below time lookups only.)
+        kernel.prepare(w);
         let mut y = vec![0f32; w.rows() * batch];
         let mut runs: Vec<(String, StageRun<'_>)> = Vec::new();
         for stage in SplitStage::of(kernel.family()) {

@@ -51,6 +51,7 @@ pub fn stage_color(stage: Stage) -> Color {
         Stage::Popcount => (40, 170, 170),
         Stage::XnorPopcount => (200, 120, 160),
         Stage::Lookup => (120, 60, 170),
+        Stage::Tables => (175, 130, 215),
         Stage::Qk => (220, 200, 50),
         Stage::Softmax => (190, 210, 90),
         Stage::Av => (150, 200, 60),

@@ -98,6 +98,9 @@ named_enum!(
         /// Table-lookup kernels (`tq1 … lut`): each group of three weights' sum looked up in
         /// the token's tables; nothing is unpacked.
         Lookup => "lookup",
+        /// Table-lookup kernels: a thread building its own tables of the tokens (per group
+        /// of three columns, the sums of the ternary patterns), once per quantized activation.
+        Tables => "tables",
         /// Rotary position embedding of queries and keys.
         Rope => "rope",
         /// Quantize and store keys and values in the KV cache.

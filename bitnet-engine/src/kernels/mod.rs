@@ -244,6 +244,24 @@ pub struct ScratchNeeds {
     pub reordered: usize,
     /// Decoded rows of a row block (`KernelScratch::unpacked`).
     pub unpacked: usize,
+    /// The tokens' lookup tables of the `lut` and `perm` forms (`KernelScratch::tables`).
+    pub tables: usize,
+}
+
+/// The tokens' tables a `lut` or `perm` kernel reads (built by [`KernelScratch::tables_of`]):
+/// token b's are `bytes[b × stride..(b + 1) × stride]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenTables<'a> {
+    bytes: &'a [u8],
+    stride: usize,
+}
+
+impl<'a> TokenTables<'a> {
+    /// Token `b`'s tables.
+    #[inline]
+    pub(crate) fn token(&self, b: usize) -> &'a [u8] {
+        &self.bytes[b * self.stride..(b + 1) * self.stride]
+    }
 }
 
 /// Per-thread scratch for the split forms. Grows on first use with a larger K; after that a
@@ -262,6 +280,13 @@ pub struct KernelScratch {
     /// `x86_avx2::unpacked_scratch_bytes`, `x86_avx512::tq1_repack_scratch_bytes`); grown on
     /// first use.
     pub(crate) unpacked: AlignedBytes,
+    /// The `lut` or `perm` tables of the tokens last given (`[tokens, table bytes]`, see
+    /// [`KernelScratch::tables_of`]); grown on first use for a batch size.
+    tables: AlignedBytes,
+    /// Whose tables `tables` holds: the activations' stamp and the form.
+    tables_of: Option<(u64, KernelForm)>,
+    /// Time spent building tables since [`KernelScratch::take_table_ticks`] (when timing).
+    table_ticks: u64,
     /// Whether split forms time their stages on sampled tiles (see [`crate::instrument`]).
     pub(crate) time_stages: bool,
     /// What the split forms measured since [`KernelScratch::take_split_ticks`].
@@ -283,6 +308,9 @@ impl KernelScratch {
             words: Vec::new(),
             x_reordered: AlignedBytes::zeroed(0),
             unpacked: AlignedBytes::zeroed(0),
+            tables: AlignedBytes::zeroed(0),
+            tables_of: None,
+            table_ticks: 0,
             time_stages: false,
             split_ticks: SplitTicks::default(),
             sample_phase: 0,
@@ -305,20 +333,65 @@ impl KernelScratch {
     /// on every thread.
     pub fn for_kernels(padded_cols: usize, batch: usize, kernels: impl IntoIterator<Item = Kernel>) -> Self {
         let mut s = Self::for_cols(padded_cols);
-        let (mut reordered, mut unpacked) = (0, 0);
+        let mut most = ScratchNeeds::default();
         for k in kernels {
             let need = k.scratch_needs(padded_cols, batch);
-            reordered = reordered.max(need.reordered);
-            unpacked = unpacked.max(need.unpacked);
+            most.reordered = most.reordered.max(need.reordered);
+            most.unpacked = most.unpacked.max(need.unpacked);
+            most.tables = most.tables.max(need.tables);
         }
-        s.x_reordered = AlignedBytes::zeroed(reordered);
-        s.unpacked = AlignedBytes::zeroed(unpacked);
+        s.x_reordered = AlignedBytes::zeroed(most.reordered);
+        s.unpacked = AlignedBytes::zeroed(most.unpacked);
+        s.tables = AlignedBytes::zeroed(most.tables);
         s
     }
 
     /// Bytes of the grown buffers this scratch holds now (see [`Kernel::scratch_needs`]).
     pub fn held(&self) -> ScratchNeeds {
-        ScratchNeeds { reordered: self.x_reordered.len(), unpacked: self.unpacked.len() }
+        ScratchNeeds { reordered: self.x_reordered.len(), unpacked: self.unpacked.len(), tables: self.tables.len() }
+    }
+
+    /// The `lut` (`form` = Lut) or `perm` (Perm) tables of every token of `x`, built here
+    /// unless this scratch already holds them for these very values (`x.stamp()`): each
+    /// thread builds its own, once per quantized activation, in its own cache. Built by the
+    /// caller into the activations and read by every thread, they had cost, on two Zen 4
+    /// threads, 3.5× as long to write (every line the other core had read must first be taken
+    /// back from it) while the other thread waited. Grows the storage if `for_kernels` made no
+    /// room for this batch.
+    pub(crate) fn tables_of(&mut self, form: KernelForm, x: &ActivationBatch) -> TokenTables<'_> {
+        let perm = form == KernelForm::Perm;
+        let cols = x.cols();
+        let stride = if perm {
+            crate::formats::tq1_perm::perm_table_bytes(cols)
+        } else {
+            crate::formats::tq1_lut::lut_table_bytes(cols)
+        };
+        let bytes = x.batch() * stride;
+        if self.tables_of != Some((x.stamp(), form)) {
+            let t0 = if self.time_stages { crate::instrument::clock::now() } else { 0 };
+            if self.tables.len() < bytes {
+                self.tables = AlignedBytes::zeroed(bytes);
+            }
+            for b in 0..x.batch() {
+                let dst = &mut self.tables.as_mut_slice()[b * stride..(b + 1) * stride];
+                if perm {
+                    build_perm_tables(&x.token(b)[..cols], dst);
+                } else {
+                    build_lut_tables(&x.token(b)[..cols], dst);
+                }
+            }
+            self.tables_of = Some((x.stamp(), form));
+            if self.time_stages {
+                self.table_ticks += crate::instrument::clock::now() - t0;
+            }
+        }
+        TokenTables { bytes: &self.tables.as_slice()[..bytes], stride }
+    }
+
+    /// Time the lookup forms spent building tables since the last call (and resets it);
+    /// counted only while [`Self::set_time_stages`] is on.
+    pub fn take_table_ticks(&mut self) -> u64 {
+        std::mem::take(&mut self.table_ticks)
     }
 
     fn ensure(&mut self, padded_cols: usize) {
@@ -440,9 +513,15 @@ impl Kernel {
     pub fn scratch_needs(self, padded_cols: usize, batch: usize) -> ScratchNeeds {
         let blocks = padded_cols.div_ceil(crate::formats::QK_K);
         let row_order = portable::tq1_row_chunks(blocks) * portable::TQ1_DIGIT_BLOCK;
-        let none = ScratchNeeds::default();
-        // The lut form runs lookups (no scratch) up to LUT_MAX_BATCH tokens and the fused form
-        // above: the fused form's needs for LUT_MAX_BATCH + 1 ..= batch tokens.
+        // The lookup forms run lookups (tables of up to LUT_MAX_BATCH tokens) up to
+        // LUT_MAX_BATCH tokens and the fused form above: the fused form's needs for
+        // LUT_MAX_BATCH + 1 ..= batch tokens.
+        let tables = match self.form {
+            KernelForm::Lut if self.uses_lut() => crate::formats::tq1_lut::lut_table_bytes(padded_cols),
+            KernelForm::Perm if self.uses_perm() => crate::formats::tq1_perm::perm_table_bytes(padded_cols),
+            _ => 0,
+        } * batch.min(LUT_MAX_BATCH);
+        let none = ScratchNeeds { tables, ..ScratchNeeds::default() };
         let fused_from = if self.uses_lut() { LUT_MAX_BATCH + 1 } else { 1 };
         if batch < fused_from || self.form == KernelForm::Split {
             return none;
@@ -462,6 +541,7 @@ impl Kernel {
                 } else {
                     0
                 },
+                tables,
             },
             // One token: row-stream digit order; up to two token groups: per-block digit order
             // for each token; more: the repacked row block.
@@ -479,10 +559,11 @@ impl Kernel {
                     } else {
                         0
                     },
+                    tables,
                 }
             }
             // One token: the activations in the codes' lane order.
-            (KernelFamily::Tq2, IsaLevel::Avx512) => ScratchNeeds { reordered: padded_cols, unpacked: 0 },
+            (KernelFamily::Tq2, IsaLevel::Avx512) => ScratchNeeds { reordered: padded_cols, ..none },
             _ => none,
         }
     }
@@ -506,8 +587,8 @@ impl Kernel {
         self.family == KernelFamily::Tq1 && matches!(self.form, KernelForm::Lut | KernelForm::Perm)
     }
 
-    /// Whether those are the `perm` form's 32-entry ones ([`ActivationBatch::build_perm`]) rather
-    /// than the `lut` form's ([`ActivationBatch::build_lut`]).
+    /// Whether those are the `perm` form's 32-entry ones (`formats::tq1_perm`) rather than the
+    /// `lut` form's (`formats::tq1_lut`).
     pub fn uses_perm(&self) -> bool {
         self.family == KernelFamily::Tq1 && self.form == KernelForm::Perm
     }
@@ -628,17 +709,6 @@ impl Kernel {
                 rows.len() * x.batch(),
                 out.len()
             )));
-        }
-        let ran = self.for_batch(x.batch());
-        if ran.form == KernelForm::Lut && !x.lut_ready() {
-            return Err(Error::Shape(
-                "the lut kernels need activation tables: call ActivationBatch::build_lut first".into(),
-            ));
-        }
-        if ran.form == KernelForm::Perm && !x.perm_ready() {
-            return Err(Error::Shape(
-                "the perm kernels need activation tables: call ActivationBatch::build_perm first".into(),
-            ));
         }
         if self.family == KernelFamily::Xnor && !x.planes_ready() {
             return Err(Error::Shape(
@@ -1892,6 +1962,71 @@ mod tests {
             crate::formats::tq1_lut::build_token_tables_portable(&x, &mut plain);
             assert_eq!(fast, plain, "n {n}");
         }
+    }
+
+    #[test]
+    fn perm_tables_are_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(19);
+        // Short rows (the SIMD builder's tail only), odd lengths and model widths; extremes
+        // included.
+        for n in [1usize, 3, 4, 5, 7, 24, 25, 1536, 2561, 6912] {
+            let mut x: Vec<i8> = (0..n).map(|_| g.next_u64() as i8).collect();
+            for (k, v) in x.iter_mut().enumerate().take(12) {
+                *v = [-128, 127, -128, 127, 127, 127, -128, -128, -128, 0, 1, -1][k];
+            }
+            let bytes = crate::formats::tq1_perm::perm_table_bytes(n);
+            let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
+            super::build_perm_tables(&x, &mut fast);
+            crate::formats::tq1_perm::build_perm_tables_portable(&x, &mut plain);
+            assert_eq!(fast, plain, "n {n}");
+        }
+    }
+
+    #[test]
+    fn a_thread_builds_tables_once_per_quantization_for_every_token() {
+        // `tables_of` gives every token's tables as the definitions make them; asked again for
+        // the same activations it reuses them (no build time counted); new values, even equal
+        // ones (a new stamp), a new batch size or the other form build them again.
+        let cols = 2561;
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 31 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut a = ActivationBatch::new(3, cols).unwrap();
+        let mut s = KernelScratch::new();
+        s.time_stages = true;
+        let check = |s: &mut KernelScratch, a: &ActivationBatch, form: KernelForm| {
+            let perm = form == KernelForm::Perm;
+            let t = s.tables_of(form, a);
+            for b in 0..a.batch() {
+                let q = &a.token(b)[..cols];
+                let want = if perm {
+                    let mut v = vec![0u8; crate::formats::tq1_perm::perm_table_bytes(cols)];
+                    crate::formats::tq1_perm::build_perm_tables_portable(q, &mut v);
+                    v
+                } else {
+                    let mut v = vec![0u8; crate::formats::tq1_lut::lut_table_bytes(cols)];
+                    crate::formats::tq1_lut::build_token_tables_portable(q, &mut v);
+                    v
+                };
+                assert!(t.token(b) == want.as_slice(), "{form}, B={}, token {b}", a.batch());
+            }
+        };
+        for form in [KernelForm::Perm, KernelForm::Lut] {
+            a.set_batch(3).unwrap();
+            a.quantize(&x).unwrap();
+            check(&mut s, &a, form);
+            assert!(s.take_table_ticks() > 0, "{form}: first call builds");
+            check(&mut s, &a, form);
+            assert_eq!(s.take_table_ticks(), 0, "{form}: same activations, no build");
+            a.quantize(&x).unwrap();
+            check(&mut s, &a, form);
+            assert!(s.take_table_ticks() > 0, "{form}: quantized again, built again");
+            a.set_batch(2).unwrap();
+            a.quantize(&x[..2 * cols]).unwrap();
+            check(&mut s, &a, form);
+            assert!(s.take_table_ticks() > 0, "{form}: new batch size");
+        }
+        // The other form on the same activations.
+        check(&mut s, &a, KernelForm::Perm);
+        assert!(s.take_table_ticks() > 0, "form changed");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales};
+use super::{finish_blocks, finish_tensor, KernelForm, KernelScratch, TileScales, TokenTables};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::formats::i2::{i2_position, I2_BLOCK_BYTES, I2_BLOCK_WEIGHTS};
 use crate::formats::tq1::{tq1_digit, tq1_position};
@@ -52,22 +52,42 @@ pub(crate) trait IsaOps: Copy {
     );
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
     /// The table-lookup form of `tq1`: rows of the repack against the tokens' tables (see
-    /// `formats::tq1_lut`; `x.lut_ready()` is checked by `Kernel::check`).
-    fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]);
-    /// The 32-entry table-lookup form of `tq1` (see `formats::tq1_perm`; `x.perm_ready()` is
-    /// checked by `Kernel::check`). Portable unless a level has its own.
-    fn tq1_perm(self, w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-        tq1_perm_portable(w, x, rows, out)
+    /// `formats::tq1_lut`), the tables built by this thread (`KernelScratch::tables_of`).
+    fn tq1_lut(
+        self,
+        w: &Tq1LutMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    );
+    /// The 32-entry table-lookup form of `tq1` (see `formats::tq1_perm`), the tables
+    /// built by this thread. Portable unless a level has its own.
+    fn tq1_perm(
+        self,
+        w: &Tq1PermMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        tq1_perm_portable(w, x, tables, rows, out)
     }
 }
 
 /// The `perm` form, row by row from the portable definition of its sums
 /// ([`Tq1PermMatrix::dot_portable`]).
-pub(crate) fn tq1_perm_portable(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) fn tq1_perm_portable(
+    w: &Tq1PermMatrix,
+    x: &ActivationBatch,
+    tables: TokenTables<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let batch = x.batch();
     for (i, r) in rows.enumerate() {
         for b in 0..batch {
-            let isum = w.dot_portable(r, x.perm(b));
+            let isum = w.dot_portable(r, tables.token(b));
             out[i * batch + b] = finish_blocks(w.scale(r).to_f64() * isum as f64, x.scale(b));
         }
     }
@@ -95,11 +115,11 @@ pub(crate) fn run<I: IsaOps>(
         // A matrix with mixed block scales in a row has no repack: the digit kernel reads it.
         // (Batches above LUT_MAX_BATCH never get here as `lut`: see `Kernel::for_batch`.)
         (KernelForm::Lut, PackedWeights::Tq1(m)) => match m.lut() {
-            Some(l) => isa.tq1_lut(l, x, rows, out),
+            Some(l) => isa.tq1_lut(l, x, scratch.tables_of(form, x), rows, out),
             None => isa.tq1_fused(m, x, rows, out, scratch),
         },
         (KernelForm::Perm, PackedWeights::Tq1(m)) => match m.perm() {
-            Some(p) => isa.tq1_perm(p, x, rows, out),
+            Some(p) => isa.tq1_perm(p, x, scratch.tables_of(form, x), rows, out),
             None => isa.tq1_fused(m, x, rows, out, scratch),
         },
         (KernelForm::Lut | KernelForm::Perm, _) => unreachable!("Kernel::new gives the lookup forms to tq1 only"),
@@ -650,13 +670,20 @@ impl IsaOps for Portable {
         }
     }
 
-    fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq1_lut(
+        self,
+        w: &Tq1LutMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
         // Group by group: the pattern index and sign from the repack, the pattern's sum from
         // the token's table (its l and h bytes), added or subtracted.
         let batch = x.batch();
         for (i, r) in rows.enumerate() {
             for b in 0..batch {
-                let table = x.lut(b);
+                let table = tables.token(b);
                 let mut isum = 0i32;
                 for g in 0..w.spans() * LUT_SPAN_GROUPS {
                     let c = w.code(r, g);

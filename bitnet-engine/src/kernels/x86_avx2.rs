@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::portable::{
     decode_tq1_qh, i2_tail_dot, run, tq1_row_chunks, tq1_row_digit_order_offset, IsaOps, TQ1_DIGIT_BLOCK,
 };
-use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch, TokenTables};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -83,8 +83,15 @@ impl IsaOps for Avx2 {
     fn xnor_fused(self, w: &PackedWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
         unsafe { xnor_fused(w, x, rows, out) }
     }
-    fn tq1_lut(self, w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-        unsafe { tq1_lut(w, x, rows, out) }
+    fn tq1_lut(
+        self,
+        w: &Tq1LutMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        unsafe { tq1_lut(w, x, tables, rows, out) }
     }
 }
 
@@ -1597,8 +1604,14 @@ const LUT_I16_SPANS: usize = 8;
 /// AVX-512 level (which implies AVX2) where the CPU lacks GFNI; with it, that level runs this
 /// loop with [`LutSigns`] from AVX-512 masks.
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
-pub(crate) unsafe fn tq1_lut(w: &Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-    tq1_lut_with::<CompareSigns>(w, x, rows, out)
+pub(crate) unsafe fn tq1_lut(
+    w: &Tq1LutMatrix,
+    x: &ActivationBatch,
+    tables: TokenTables<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    tq1_lut_with::<CompareSigns>(w, x, tables, rows, out)
 }
 
 /// How a table-lookup tile gets each pair's pattern indices and negates its negated groups:
@@ -1643,6 +1656,7 @@ impl LutSigns for CompareSigns {
 pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
     w: &Tq1LutMatrix,
     x: &ActivationBatch,
+    tables: TokenTables<'_>,
     rows: Range<usize>,
     out: &mut [f32],
 ) {
@@ -1654,7 +1668,7 @@ pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
     let mut t = first;
     while t < end {
         if batch == 1 {
-            let table = [x.lut(0).as_ptr()];
+            let table = [tables.token(0).as_ptr()];
             if t + 2 <= end {
                 let sums = lut_tiles::<S, 2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, spans, true);
                 lut_emit(lr, x, &rows, out, r0(t), 0, &sums[0][0]);
@@ -1671,7 +1685,7 @@ pub(crate) unsafe fn tq1_lut_with<S: LutSigns>(
         let mut b0 = 0;
         while b0 < batch {
             let g = LUT_TOKENS.min(batch - b0);
-            let tb = |i: usize| x.lut(b0 + i.min(g - 1)).as_ptr();
+            let tb = |i: usize| tables.token(b0 + i.min(g - 1)).as_ptr();
             // Only the first pass over a tile streams it from memory; later ones hit L1/L2.
             let prefetch = b0 == 0;
             let mut sums = [[_mm256_setzero_si256(); 2]; LUT_TOKENS];

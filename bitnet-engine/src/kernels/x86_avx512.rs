@@ -16,7 +16,7 @@ use super::x86_avx2::{
     prefetch_rows_l2, prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with, LookupRows, PrefetchShares,
     PREFETCH_L2_BYTES,
 };
-use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch};
+use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch, TokenTables};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
 use crate::aligned::AlignedBytes;
 use crate::cpu::IsaLevel;
@@ -99,23 +99,37 @@ impl IsaOps for Avx512 {
     /// where the CPU has GFNI ([`MaskSigns`]), else as on AVX2. On Zen 4, whose AVX-512 runs
     /// on 256-bit units, it beats the fused `vpdpbusd` kernel, and `perm` beats it (see
     /// `KernelFamily::default_form`).
-    fn tq1_lut(self, w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq1_lut(
+        self,
+        w: &crate::formats::Tq1LutMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
         if std::arch::is_x86_feature_detected!("gfni") {
             // SAFETY: the token proves AVX-512 F/BW/VL (and AVX2); GFNI is checked above.
-            unsafe { tq1_lut_masks(w, x, rows, out) }
+            unsafe { tq1_lut_masks(w, x, tables, rows, out) }
         } else {
-            unsafe { super::x86_avx2::tq1_lut(w, x, rows, out) }
+            unsafe { super::x86_avx2::tq1_lut(w, x, tables, rows, out) }
         }
     }
 
     /// The `vpermb` kernel where the CPU has VBMI and GFNI (`Kernel::new` offers the `perm`
     /// form at AVX-512 only then), else the portable one.
-    fn tq1_perm(self, w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    fn tq1_perm(
+        self,
+        w: &Tq1PermMatrix,
+        x: &ActivationBatch,
+        tables: TokenTables<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
         if perm_supported() {
             // SAFETY: the token proves AVX-512 F/BW/VL (and AVX2); VBMI and GFNI are checked.
-            unsafe { tq1_perm(w, x, rows, out) }
+            unsafe { tq1_perm(w, x, tables, rows, out) }
         } else {
-            super::portable::tq1_perm_portable(w, x, rows, out)
+            super::portable::tq1_perm_portable(w, x, tables, rows, out)
         }
     }
 }
@@ -152,8 +166,14 @@ impl super::x86_avx2::LutSigns for MaskSigns {
 
 /// [`super::x86_avx2::tq1_lut`] with [`MaskSigns`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,gfni,avx2,fma,popcnt,f16c")]
-unsafe fn tq1_lut_masks(w: &crate::formats::Tq1LutMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
-    super::x86_avx2::tq1_lut_with::<MaskSigns>(w, x, rows, out)
+unsafe fn tq1_lut_masks(
+    w: &crate::formats::Tq1LutMatrix,
+    x: &ActivationBatch,
+    tables: TokenTables<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    super::x86_avx2::tq1_lut_with::<MaskSigns>(w, x, tables, rows, out)
 }
 
 /// One token's `perm` tables (`tq1_perm::build_perm_tables_portable` is the definition), two
@@ -213,7 +233,13 @@ unsafe fn build_perm_tables_avx512(x: &[i8], dst: &mut [u8]) {
 /// [`PERM_TOKENS`] tokens per pass ([`perm_batched`]), sharing each table load and each span's
 /// codes. Rows outside `rows` of a tile the range only partly covers are computed and dropped.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,gfni,avx2,fma,popcnt,f16c")]
-unsafe fn tq1_perm(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+unsafe fn tq1_perm(
+    w: &Tq1PermMatrix,
+    x: &ActivationBatch,
+    tables: TokenTables<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let batch = x.batch();
     let (first, end) = (rows.start / PERM_TILE_ROWS, rows.end.div_ceil(PERM_TILE_ROWS));
     let spans = w.spans();
@@ -227,7 +253,7 @@ unsafe fn tq1_perm(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, o
     let mut t = first;
     while t < end {
         if batch == 1 {
-            let table = [x.perm(0).as_ptr()];
+            let table = [tables.token(0).as_ptr()];
             if t + 2 <= end {
                 let sums =
                     perm_tiles::<2, 1>([w.tile(t).as_ptr(), w.tile(t + 1).as_ptr()], table, 0..spans, 2 * tile_bytes);
@@ -243,10 +269,10 @@ unsafe fn tq1_perm(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, o
         }
         // More tokens: two tiles per pass where the range has them, sharing each table load.
         if t + 2 <= end {
-            perm_batched::<2>(w, x, &rows, out, t, tile_bytes);
+            perm_batched::<2>(w, x, tables, &rows, out, t, tile_bytes);
             t += 2;
         } else {
-            perm_batched::<1>(w, x, &rows, out, t, tile_bytes);
+            perm_batched::<1>(w, x, tables, &rows, out, t, tile_bytes);
             t += 1;
         }
     }
@@ -261,6 +287,7 @@ unsafe fn tq1_perm(w: &Tq1PermMatrix, x: &ActivationBatch, rows: Range<usize>, o
 unsafe fn perm_batched<const R: usize>(
     w: &Tq1PermMatrix,
     x: &ActivationBatch,
+    tables: TokenTables<'_>,
     rows: &Range<usize>,
     out: &mut [f32],
     t: usize,
@@ -281,7 +308,7 @@ unsafe fn perm_batched<const R: usize>(
             let mut b0 = 0;
             while b0 < tokens {
                 let g = PERM_TOKENS.min(tokens - b0);
-                let tb = |i: usize| x.perm(first_token + b0 + i.min(g - 1)).as_ptr();
+                let tb = |i: usize| tables.token(first_token + b0 + i.min(g - 1)).as_ptr();
                 // Only the first pass over a chunk streams it from memory; later ones hit L1/L2.
                 let ahead = if b0 == 0 { R * tile_bytes } else { 0 };
                 let mut part = [[[zero; 4]; PERM_TOKENS]; R];

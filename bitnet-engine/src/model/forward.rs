@@ -11,7 +11,7 @@ use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
     attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, prefetch_l2,
     q6k_lanes_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
-    KernelForm, KernelScratch, ENCODED_CHUNK_VALUES, LUT_MAX_BATCH,
+    KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
@@ -159,11 +159,7 @@ impl State {
         }
         let kernel = opts.kernel;
         let kernels = || model.weights.layers.iter().flat_map(|l| l.linears()).map(|w| kernel_for(kernel, w));
-        let extras = ActivationExtras {
-            planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor),
-            lut: kernels().any(|k| k.uses_lut() && !k.uses_perm()),
-            perm: kernels().any(|k| k.uses_perm()),
-        };
+        let extras = ActivationExtras { planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor) };
         // Repacks made now, in parallel, rather than by the first matmul of each matrix mid-run.
         model.weights.prepare_repacks(kernel, opts.threads);
         let rows = opts.max_rows;
@@ -176,16 +172,7 @@ impl State {
         // The widest matmul output: Q, K and V together, gate and up together, or the LM head.
         let max_n = (cfg.q_dim() + 2 * cfg.kv_dim()).max(2 * cfg.ffn).max(cfg.hidden).max(cfg.vocab);
         let mut act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
-        let mut act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
-        if extras.lut {
-            // Tables are built for batches of up to LUT_MAX_BATCH tokens only (`quantize`).
-            act_hidden.reserve_lut(LUT_MAX_BATCH);
-            act_ffn.reserve_lut(LUT_MAX_BATCH);
-        }
-        if extras.perm {
-            act_hidden.reserve_perm(LUT_MAX_BATCH);
-            act_ffn.reserve_perm(LUT_MAX_BATCH);
-        }
+        let act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
         let head_isa = kernel_for(kernel, &model.weights.layers[0].wq).isa();
         if matches!(model.weights.lm_head(), EmbeddingRows::Q6K(_)) && q6k_lanes_used(head_isa, opts.sequences) {
             // A batch's logits read its lane copies (`head_q6k_lanes`); prompts asking for every
@@ -266,6 +253,7 @@ impl State {
             w.rec = ThreadRecorder::new(i, level, layers, timeline_capacity);
             w.kernel.set_time_stages(w.rec.on());
             w.kernel.take_split_ticks();
+            w.kernel.take_table_ticks();
         }
         self.step = 0;
     }
@@ -554,24 +542,15 @@ fn quantize(extras: ActivationExtras, act: &mut ActivationBatch, x: &[f32]) -> R
     if extras.planes {
         act.build_planes();
     }
-    if extras.lut && act.batch() <= LUT_MAX_BATCH {
-        act.build_lut();
-    }
-    if extras.perm && act.batch() <= LUT_MAX_BATCH {
-        act.build_perm();
-    }
     Ok(())
 }
 
 /// What the linear layers' kernels read beside the int8 activations.
 #[derive(Debug, Clone, Copy)]
 struct ActivationExtras {
-    /// Bit-planes (the xnor kernels).
+    /// Bit-planes (the xnor kernels). (The lookup forms' tables are each thread's own:
+    /// `KernelScratch::tables_of`.)
     planes: bool,
-    /// Lookup tables (the `lut` form of tq1).
-    lut: bool,
-    /// 32-entry lookup tables (the `perm` form of tq1).
-    perm: bool,
 }
 
 /// `out[rows, N] = act × wᵀ`: the kernel writes `[N, rows]` into `mm`, split by output rows
@@ -846,6 +825,12 @@ fn record_matmul(
         rec.record(ctx, first, t0, t0 + a, bytes, ticks.tiles);
         rec.record(ctx, second, t0 + a, t1, 0, ticks.tiles);
     } else {
+        // The lookup forms' table building, at the start of a thread's first block for new
+        // activations, is its own span.
+        let tables = scratch.take_table_ticks().min(t1 - t0);
+        if tables > 0 {
+            rec.record(ctx, Stage::Tables, t0, t0 + tables, 0, 1);
+        }
         let stage = if xnor {
             Stage::XnorPopcount
         } else if kernel.uses_lut() {
@@ -853,7 +838,7 @@ fn record_matmul(
         } else {
             Stage::UnpackDot
         };
-        rec.record(ctx, stage, t0, t1, bytes, 1);
+        rec.record(ctx, stage, t0 + tables, t1, bytes, 1);
     }
     t1
 }
