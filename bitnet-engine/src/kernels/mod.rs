@@ -264,8 +264,9 @@ impl<'a> TokenTables<'a> {
     }
 }
 
-/// Per-thread scratch for the split forms. Grows on first use with a larger K; after that a
-/// matmul allocates nothing.
+/// Per-thread scratch of the kernels (the split forms' tiles, rearranged activations, decoded
+/// rows, the lookup forms' tables). Grows on first use with a larger K; after that a matmul
+/// allocates nothing.
 #[derive(Debug, Clone)]
 pub struct KernelScratch {
     /// Unpacked codes, `[tile_rows, padded_cols]`.
@@ -354,10 +355,10 @@ impl KernelScratch {
     /// The `lut` (`form` = Lut) or `perm` (Perm) tables of every token of `x`, built here
     /// unless this scratch already holds them for these very values (`x.stamp()`): each
     /// thread builds its own, once per quantized activation, in its own cache. Built by the
-    /// caller into the activations and read by every thread, they had cost, on two Zen 4
-    /// threads, 3.5× as long to write (every line the other core had read must first be taken
-    /// back from it) while the other thread waited. Grows the storage if `for_kernels` made no
-    /// room for this batch.
+    /// caller into the activations and read by every thread, they had taken 2.3× as long to
+    /// write with two Zen 4 threads as with one (every line the other core had read must first
+    /// be taken back from it) while the other thread waited. Grows the storage if
+    /// `for_kernels` made no room for this batch.
     pub(crate) fn tables_of(&mut self, form: KernelForm, x: &ActivationBatch) -> TokenTables<'_> {
         let perm = form == KernelForm::Perm;
         let cols = x.cols();
