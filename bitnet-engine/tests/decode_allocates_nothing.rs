@@ -53,10 +53,12 @@ fn decode_steps_do_not_allocate() {
             (2, KvPrecision::Int8, KernelForm::Split, Level::Aggregate),
         ];
         if family == KernelFamily::Tq1 {
-            // The lookup tables are built in the quantize stage into storage made at warm-up.
+            // Each thread builds its lookup tables into scratch made with the state (for up to
+            // LUT_MAX_BATCH tokens of the widest rows); a perm case times its `tables` spans.
             cases.push((1, KvPrecision::F16, KernelForm::Lut, Level::Off));
             cases.push((3, KvPrecision::Int4, KernelForm::Lut, Level::Aggregate));
             cases.push((2, KvPrecision::F16, KernelForm::Perm, Level::Off));
+            cases.push((4, KvPrecision::F16, KernelForm::Perm, Level::Timeline));
         }
         for (batch, kv, form, level) in cases {
             let mut opts = StateOptions::new(batch, 64, kv, 2);

@@ -197,3 +197,45 @@ fn a_small_timeline_counts_its_overflow() {
     // fused run has one event per call).
     assert_eq!(rec.overflow() + 10, total);
 }
+
+#[test]
+fn lookup_forms_build_their_tables_once_per_thread_and_activation() {
+    if !ENABLED {
+        return;
+    }
+    // Each thread builds the tables of a quantized activation once, at its first block of the
+    // matmuls that read it (Q/K/V, O, gate/up, down: four a layer), and the span goes to the op
+    // it was working on then. With one thread that is exactly the first op of each group.
+    let model = Model::synthetic("tiny", WeightFormat::Tq1_0, 11, 2).unwrap();
+    let d = DECODE as u64;
+    for form in [KernelForm::Lut, KernelForm::Perm] {
+        let kernel = Kernel::new(KernelFamily::Tq1, IsaLevel::best(), form)
+            .or_else(|_| Kernel::new(KernelFamily::Tq1, IsaLevel::Scalar, form))
+            .unwrap();
+        let mut tokens = Vec::new();
+        for threads in [1, 2] {
+            let mut opts = StateOptions::new(1, 64, KvPrecision::F16, threads);
+            opts.kernel = Some(kernel);
+            let mut st = State::new(&model, &opts).unwrap();
+            st.set_instrument(Level::Aggregate, 10_000);
+            tokens.push(greedy(&model, &mut st, &PROMPT, DECODE + 1, false).unwrap().tokens);
+            let c = calls(&st);
+            let get = |l, o, s| c.get(&(Phase::Decode, Some(l), o, s)).copied().unwrap_or(0);
+            for l in 0..model.config.layers {
+                let groups = [vec![Op::Q, Op::K, Op::V], vec![Op::O], vec![Op::Gate, Op::Up], vec![Op::Down]];
+                for group in groups {
+                    let built: u64 = group.iter().map(|&o| get(l, o, Stage::Tables)).sum();
+                    if threads == 1 {
+                        assert_eq!(get(l, group[0], Stage::Tables), d, "{kernel} layer {l} {:?}", group[0]);
+                        assert_eq!(built, d, "{kernel} layer {l} {group:?}");
+                    } else {
+                        assert!((d..=2 * d).contains(&built), "{kernel} layer {l} {group:?}: {built}");
+                    }
+                    let looked_up: u64 = group.iter().map(|&o| get(l, o, Stage::Lookup)).sum();
+                    assert!(looked_up >= built, "{kernel} layer {l} {group:?}");
+                }
+            }
+        }
+        assert_eq!(tokens[0], tokens[1], "{kernel}: two threads, each with its own tables");
+    }
+}

@@ -1949,37 +1949,29 @@ mod tests {
     }
 
     #[test]
-    fn lut_tables_are_identical_to_the_portable_loop() {
+    fn lookup_tables_are_identical_to_the_portable_loops() {
+        use crate::formats::{tq1_lut, tq1_perm};
+        type Builder = fn(&[i8], &mut [u8]);
+        type Form = (&'static str, fn(usize) -> usize, Builder, Builder);
+        let forms: [Form; 2] = [
+            ("lut", tq1_lut::lut_table_bytes, super::build_lut_tables, tq1_lut::build_token_tables_portable),
+            ("perm", tq1_perm::perm_table_bytes, super::build_perm_tables, tq1_perm::build_perm_tables_portable),
+        ];
         let mut g = crate::rng::SplitMix64::new(17);
-        // Short rows (no whole pair, one pair and a tail) and model widths; extremes included.
-        for n in [1usize, 3, 6, 7, 12, 13, 47, 256, 2560, 6912] {
+        // Short rows (no whole pair or group pair: the SIMD builders' tails only, one pair and a
+        // tail), odd lengths and model widths; extremes included.
+        for n in [1usize, 3, 4, 5, 6, 7, 12, 13, 24, 25, 47, 256, 1536, 2560, 2561, 6912] {
             let mut x: Vec<i8> = (0..n).map(|_| g.next_u64() as i8).collect();
             for (k, v) in x.iter_mut().enumerate().take(12) {
                 *v = [-128, 127, -128, 127, 127, 127, -128, -128, -128, 0, 1, -1][k];
             }
-            let bytes = crate::formats::tq1_lut::lut_table_bytes(n);
-            let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
-            super::build_lut_tables(&x, &mut fast);
-            crate::formats::tq1_lut::build_token_tables_portable(&x, &mut plain);
-            assert_eq!(fast, plain, "n {n}");
-        }
-    }
-
-    #[test]
-    fn perm_tables_are_identical_to_the_portable_loop() {
-        let mut g = crate::rng::SplitMix64::new(19);
-        // Short rows (the SIMD builder's tail only), odd lengths and model widths; extremes
-        // included.
-        for n in [1usize, 3, 4, 5, 7, 24, 25, 1536, 2561, 6912] {
-            let mut x: Vec<i8> = (0..n).map(|_| g.next_u64() as i8).collect();
-            for (k, v) in x.iter_mut().enumerate().take(12) {
-                *v = [-128, 127, -128, 127, 127, 127, -128, -128, -128, 0, 1, -1][k];
+            for (form, table_bytes, fast_builder, plain_builder) in forms {
+                let bytes = table_bytes(n);
+                let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
+                fast_builder(&x, &mut fast);
+                plain_builder(&x, &mut plain);
+                assert_eq!(fast, plain, "{form}, n {n}");
             }
-            let bytes = crate::formats::tq1_perm::perm_table_bytes(n);
-            let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
-            super::build_perm_tables(&x, &mut fast);
-            crate::formats::tq1_perm::build_perm_tables_portable(&x, &mut plain);
-            assert_eq!(fast, plain, "n {n}");
         }
     }
 
