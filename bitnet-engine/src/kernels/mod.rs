@@ -1490,6 +1490,14 @@ pub(crate) fn softmax_in_place(scores: &mut [f32]) {
     widest_compiled!(softmax_in_place, crate::model::ops::softmax_in_place_portable, scores)
 }
 
+/// The greedy token (`ops::argmax_portable`) compiled for the widest ISA the CPU has, as
+/// [`softmax_in_place`]: the same index. The plain loop it replaces, which compares with the
+/// running best by index, took about 0.57 ns per logit (2B4T's 128256: 73 µs a token, 1% of a
+/// two-thread batch-8 step).
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
+    widest_compiled!(argmax, crate::model::ops::argmax_portable, logits)
+}
+
 /// Per-token int8 quantization (`activations::quantize_token_portable`, the definition): with
 /// AVX-512 that code compiled for it (which has byte-narrowing instructions), with AVX2 intrinsics
 /// (`x86_avx2::quantize_token`), each bit-identical to it. At baseline x86-64 the float → byte
@@ -1914,6 +1922,48 @@ mod tests {
                 let i = 3;
                 let want = gate[i] / (1.0 + (-gate[i]).exp()) * up[i];
                 assert!((fast[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{} vs {want}", fast[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn argmax_is_the_plain_loops_index() {
+        // The definition: the running best by index, replaced only by a strictly larger value.
+        let plain = |v: &[f32]| {
+            let mut best = 0;
+            for (i, x) in v.iter().enumerate() {
+                if *x > v[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let mut g = crate::rng::SplitMix64::new(23);
+        let special = [f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, 1.0];
+        for n in [0usize, 1, 2, 15, 16, 17, 33, 100, 128256] {
+            for case in 0..24 {
+                let mut v: Vec<f32> = (0..n).map(|_| (g.next_u64() % 64) as f32 - 32.0).collect();
+                // Ties, signed zeros, NaNs (first or anywhere), infinities, all-NaN tails.
+                for _ in 0..case.min(n) {
+                    let at = (g.next_u64() % n as u64) as usize;
+                    v[at] = special[(g.next_u64() % special.len() as u64) as usize];
+                }
+                if case == 5 && n > 0 {
+                    v[0] = f32::NAN;
+                }
+                if case == 6 {
+                    v.iter_mut().for_each(|x| *x = -0.0);
+                    if n > 3 {
+                        v[3] = 0.0;
+                    }
+                }
+                let want = plain(&v);
+                assert_eq!(super::argmax(&v), want, "n {n} case {case}");
+                assert_eq!(crate::model::ops::argmax_portable(&v), want, "portable, n {n} case {case}");
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = super::x86_avx2::Avx2::new() {
+                    assert_eq!(super::x86_avx2::argmax(t, &v), want, "AVX2, n {n} case {case}");
+                }
             }
         }
     }

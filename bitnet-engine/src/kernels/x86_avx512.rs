@@ -1675,6 +1675,7 @@ compiled_for! {
     rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) = crate::model::ops::rms_norm_rows_portable;
     rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) = crate::model::ops::rms_norm_in_place_portable;
     softmax_in_place(scores: &mut [f32]) = crate::model::ops::softmax_in_place_portable;
+    argmax(logits: &[f32]) -> u32 = crate::model::ops::argmax_portable;
     attention_scores_encoded(precision: crate::model::KvPrecision, q: &[f32], keys: &[u8], scale: f32, out: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
         super::attention_scores_encoded_portable;
     attention_weighted_sum_encoded(precision: crate::model::KvPrecision, w: &[f32], values: &[u8], o: &mut [f32], ahead: &[u8], buf: &mut [f32]) =

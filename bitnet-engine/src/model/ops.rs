@@ -192,6 +192,38 @@ pub(crate) fn gated_activation_portable(act: crate::model::config::FfnActivation
     }
 }
 
+/// The index of the largest logit, the first one on ties; a NaN never wins, and a NaN first
+/// logit is the answer (exactly the plain loop `if v > logits[best] { best = i }`). Two passes
+/// that vectorize: the largest value, lane by lane (compare-and-select from the first logit),
+/// then the first index holding it (`==`, so −0 and +0 are one value, as `>` makes them). Runs
+/// at the widest ISA this CPU has ([`crate::kernels::argmax`]).
+#[inline(always)]
+pub(crate) fn argmax_portable(logits: &[f32]) -> u32 {
+    let Some(&first) = logits.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let max2 = |m: f32, x: f32| if x > m { x } else { m };
+    let mut lanes = [first; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    for (l, v) in chunks.remainder().iter().enumerate() {
+        lanes[l] = max2(lanes[l], *v);
+    }
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] = max2(lanes[l], c[l]);
+        }
+    }
+    let max = lanes.iter().copied().fold(first, max2);
+    for (k, c) in logits.chunks(LANES).enumerate() {
+        if c.iter().fold(false, |hit, v| hit | (*v == max)) {
+            let at = c.iter().position(|v| *v == max).expect("the chunk holds the maximum");
+            return (k * LANES + at) as u32;
+        }
+    }
+    unreachable!("the maximum is one of the logits")
+}
+
 /// Softmax of attention scores, in place: e^(s − max) / Σ. Runs at the widest ISA this CPU has
 /// ([`crate::kernels::softmax_in_place`]), with identical results.
 #[inline(always)]
