@@ -192,6 +192,25 @@ pub(crate) fn gated_activation_portable(act: crate::model::config::FfnActivation
     }
 }
 
+/// The largest of `init` and the values of `v`, lane by lane then across the lanes, by
+/// compare-and-select (not `f32::max`, whose NaN rule keeps LLVM from using `maxps`): NaNs never
+/// win, and of −0 and +0 the first met stays.
+#[inline(always)]
+fn lanes_max(v: &[f32], init: f32) -> f32 {
+    let max2 = |m: f32, x: f32| if x > m { x } else { m };
+    let mut lanes = [init; LANES];
+    let chunks = v.chunks_exact(LANES);
+    for (l, x) in chunks.remainder().iter().enumerate() {
+        lanes[l] = max2(lanes[l], *x);
+    }
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] = max2(lanes[l], c[l]);
+        }
+    }
+    lanes.iter().copied().fold(init, max2)
+}
+
 /// The index of the largest logit, the first one on ties; a NaN never wins, and a NaN first
 /// logit is the answer (exactly the plain loop `if v > logits[best] { best = i }`). Two passes
 /// that vectorize: the largest value, lane by lane (compare-and-select from the first logit),
@@ -203,18 +222,7 @@ pub(crate) fn argmax_portable(logits: &[f32]) -> u32 {
     if first.is_nan() {
         return 0;
     }
-    let max2 = |m: f32, x: f32| if x > m { x } else { m };
-    let mut lanes = [first; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    for (l, v) in chunks.remainder().iter().enumerate() {
-        lanes[l] = max2(lanes[l], *v);
-    }
-    for c in chunks {
-        for l in 0..LANES {
-            lanes[l] = max2(lanes[l], c[l]);
-        }
-    }
-    let max = lanes.iter().copied().fold(first, max2);
+    let max = lanes_max(logits, first);
     for (k, c) in logits.chunks(LANES).enumerate() {
         if c.iter().fold(false, |hit, v| hit | (*v == max)) {
             let at = c.iter().position(|v| *v == max).expect("the chunk holds the maximum");
@@ -228,19 +236,7 @@ pub(crate) fn argmax_portable(logits: &[f32]) -> u32 {
 /// ([`crate::kernels::softmax_in_place`]), with identical results.
 #[inline(always)]
 pub(crate) fn softmax_in_place_portable(scores: &mut [f32]) {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = scores.chunks_exact(LANES);
-    // Compare-and-select, not `f32::max` (whose NaN rule keeps LLVM from using `maxps`).
-    let max2 = |m: f32, x: f32| if x > m { x } else { m };
-    for (l, v) in chunks.remainder().iter().enumerate() {
-        lanes[l] = max2(lanes[l], *v);
-    }
-    for c in chunks {
-        for l in 0..LANES {
-            lanes[l] = max2(lanes[l], c[l]);
-        }
-    }
-    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = lanes_max(scores, f32::NEG_INFINITY);
     let mut sums = [0f32; LANES];
     let mut chunks = scores.chunks_exact_mut(LANES);
     for c in &mut chunks {
