@@ -4,7 +4,8 @@
 //! - [`activations`]: per-token absmax int8 activations, block sums, bit-planes.
 //! - [`kernels`]: ternary × int8 matmul families at several ISA levels, chosen at run time,
 //!   all equal to a plain scalar oracle.
-//! - [`bandwidth`]: the memory read-bandwidth probe (the decode roofline).
+//! - [`bandwidth`]: the memory read-bandwidth probe (the decode roofline); [`compute_peak`]: the
+//!   int8 multiply-add probe (the roofline of batch decode and prefill).
 //! - [`model`]: the BitNet b1.58 decoder, KV cache, worker pool, generation; [`gguf`]: files.
 //! - [`instrument`]: per-stage spans (the engine emits; `bitnet-trace` reads).
 //!
@@ -17,6 +18,7 @@
 pub mod activations;
 pub mod aligned;
 pub mod bandwidth;
+pub mod compute_peak;
 pub mod cpu;
 pub mod error;
 pub mod files;

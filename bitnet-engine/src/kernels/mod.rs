@@ -1789,6 +1789,35 @@ pub fn sum_words(words: &[u64]) -> u64 {
     crate::bandwidth::sum_words_portable(words)
 }
 
+/// The compute probe's loop at `isa` (see [`crate::compute_peak`]): `rounds` rounds of
+/// independent chains of the level's int8 product on `a` (u8) × `b` (i8) — AVX-512: 12
+/// `vpdpbusd` on all 64 bytes, i32 lanes; AVX2: 8 × `vpmaddubsw` + `vpaddw` on the first 32,
+/// i16 lanes widened — and the lane-wise wrapping sum of the chains' accumulators. Scalar has
+/// no such loop, and a level this CPU lacks cannot run it: both are errors.
+pub fn int8_mac_chains(isa: IsaLevel, rounds: u64, a: &[u8; 64], b: &[i8; 64]) -> Result<Vec<i32>> {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        IsaLevel::Avx512 => {
+            if let Some(t) = x86_avx512::Avx512::new() {
+                return Ok(x86_avx512::int8_mac_chains(t, rounds, a, b).to_vec());
+            }
+        }
+        IsaLevel::Avx2 => {
+            if let Some(t) = x86_avx2::Avx2::new() {
+                let a: &[u8; 32] = a[..32].try_into().expect("32 of 64 bytes");
+                let b: &[i8; 32] = b[..32].try_into().expect("32 of 64 bytes");
+                return Ok(x86_avx2::int8_mac_chains(t, rounds, a, b).to_vec());
+            }
+        }
+        IsaLevel::Scalar => {}
+    }
+    let _ = (rounds, a, b);
+    Err(Error::Unsupported(match isa {
+        IsaLevel::Scalar => "the int8 compute probe: the scalar level has no SIMD int8 product to measure".into(),
+        _ => format!("the int8 compute probe at {}: this CPU does not support it", isa.name()),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

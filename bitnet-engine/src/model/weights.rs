@@ -56,6 +56,25 @@ impl Weights {
         self.lm_head.as_ref().unwrap_or(&self.token_embd)
     }
 
+    /// Multiply-adds of one token through the linear layers and the LM head (rows × columns
+    /// of each): the work a batch-decode or prefill step is measured against the int8 peak
+    /// with ([`crate::compute_peak`]). Attention's float work, which grows with the context,
+    /// is not counted.
+    pub fn macs_per_token(&self) -> u64 {
+        self.linear_macs_per_token() + self.head_macs_per_token()
+    }
+
+    /// Multiply-adds of one token through the linear layers (all a prompt token costs in a
+    /// prefill that takes logits of the last position only).
+    pub fn linear_macs_per_token(&self) -> u64 {
+        self.layers.iter().flat_map(|l| l.linears()).map(|w| (w.rows() * w.cols()) as u64).sum()
+    }
+
+    /// Multiply-adds of one token's logits (vocabulary × hidden).
+    pub fn head_macs_per_token(&self) -> u64 {
+        (self.lm_head().rows() * self.lm_head().cols()) as u64
+    }
+
     /// Bytes of ternary linear weights.
     pub fn linear_bytes(&self) -> usize {
         self.layers.iter().flat_map(|l| l.linears()).map(|w| w.byte_len()).sum()
@@ -269,4 +288,26 @@ fn synthetic_int8(rows: usize, cols: usize, std: f32, seed: u64, threads: usize)
         }
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multiply_adds_per_token_are_the_linear_and_head_weights() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let (h, q, kv, f) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn);
+        let per_layer = q * h + 2 * kv * h + h * q + 3 * f * h;
+        let want = (cfg.layers * per_layer + cfg.vocab * h) as u64;
+        for format in [WeightFormat::I2, WeightFormat::Tq1_0] {
+            let w = Weights::synthetic(&cfg, format, 1, 1).unwrap();
+            assert_eq!(w.macs_per_token(), want, "{format}");
+            assert_eq!(w.head_macs_per_token(), (cfg.vocab * h) as u64);
+            assert_eq!(w.linear_macs_per_token() + w.head_macs_per_token(), want);
+            let mut untied = w.clone();
+            untied.lm_head = Some(w.token_embd.clone());
+            assert_eq!(untied.macs_per_token(), want, "{format}, separate head");
+        }
+    }
 }
