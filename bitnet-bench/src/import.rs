@@ -165,6 +165,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                 prefill: Prefill {
                     tokens_per_sec: Stat::of(&pp.samples_ts),
                     ttft_ms: Stat::of(&pp.samples_ns.iter().map(|ns| ns / 1e6).collect::<Vec<_>>()),
+                    macs: 0,
+                    compute_fraction: None,
                 },
                 decode: Decode {
                     tokens_per_sec: Stat::of(&tg.samples_ts),
@@ -175,6 +177,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                     probes_gbps: Vec::new(),
                     step_fractions: Vec::new(),
                     pass_fractions: Vec::new(),
+                    macs_per_step: 0,
+                    compute_fraction: None,
                 },
                 memory: Memory {
                     weight_bytes: pp.model_size,
@@ -249,6 +253,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             threads: 0,
             by_threads: BTreeMap::new(),
             probes_gbps: BTreeMap::new(),
+            int8_peak_gmacs: BTreeMap::new(),
         },
         results,
     })

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
+use bitnet_engine::compute_peak::{self, ComputePeakReport};
 use bitnet_engine::formats::Q6kRows;
 use bitnet_engine::kernels::{q6k_lanes_used, q6k_rows_matmul};
 use bitnet_engine::{ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights};
@@ -34,14 +35,18 @@ pub const HEAD_CACHE_ROWS: usize = 2048;
 /// level whose code runs. AVX-512 has its own kernel from two tokens (`q6k_lanes_used`); one
 /// token there runs the AVX2 loop and is named so.
 pub fn head_kernel_name(isa: IsaLevel, batch: usize) -> String {
-    let level = if q6k_lanes_used(isa, batch) {
+    format!("q6k_head/{}", head_kernel_isa(isa, batch).name())
+}
+
+/// The level whose head kernel runs at `isa` on `batch` tokens (see [`head_kernel_name`]).
+pub fn head_kernel_isa(isa: IsaLevel, batch: usize) -> IsaLevel {
+    if q6k_lanes_used(isa, batch) {
         IsaLevel::Avx512
     } else if isa >= IsaLevel::Avx2 {
         IsaLevel::Avx2
     } else {
         IsaLevel::Scalar
-    };
-    format!("q6k_head/{}", level.name())
+    }
 }
 
 /// `batch` tokens of activations for the head at `isa`, with the lane copies its AVX-512
@@ -99,6 +104,8 @@ impl Default for SweepOptions {
 #[derive(Debug, Clone)]
 pub struct KernelResult {
     pub kernel: String,
+    /// The ISA level whose code ran (the one in `kernel`'s name).
+    pub isa: IsaLevel,
     /// The weight format's name (`WeightFormat::name`, or `q6_k` for the head).
     pub format: String,
     pub shape: String,
@@ -117,12 +124,22 @@ pub struct KernelResult {
     pub row_products_per_sec: f64,
 }
 
+impl KernelResult {
+    /// G multiply-adds per second: rows × columns × batch a call.
+    pub fn gmacs(&self) -> f64 {
+        (self.rows * self.cols * self.batch) as f64 / self.secs_per_call / 1e9
+    }
+}
+
 /// Everything one sweep measured.
 #[derive(Debug, Clone)]
 pub struct SweepReport {
     /// Bandwidth probes before and after the kernels ran (shared machines drift; the roofline
     /// is the better of the two, so percentages are never flattered by one slow probe).
     pub probes: Vec<BandwidthReport>,
+    /// One thread's int8 multiply-add peak at each SIMD level the cases ran, measured before
+    /// them (the compute roofline of the batched cases).
+    pub peaks: Vec<ComputePeakReport>,
     pub results: Vec<KernelResult>,
 }
 
@@ -130,6 +147,11 @@ impl SweepReport {
     /// The roofline: the best probe's GB/s.
     pub fn roofline_gbps(&self) -> f64 {
         self.probes.iter().map(|p| p.best_gbps).fold(0.0, f64::max)
+    }
+
+    /// The int8 peak (G multiply-adds/s, one thread) at `isa`, if measured.
+    pub fn peak_gmacs(&self, isa: IsaLevel) -> Option<f64> {
+        self.peaks.iter().find(|p| p.isa == isa).map(|p| p.best_gmacs)
     }
 }
 
@@ -179,6 +201,7 @@ fn result(kernel: Kernel, w: &PackedWeights, shape: &str, batch: usize, streamin
     let bytes = kernel.bytes_read(w);
     KernelResult {
         kernel: kernel.name(),
+        isa: kernel.isa(),
         format: w.format().name().to_string(),
         shape: shape.to_string(),
         rows: w.rows(),
@@ -198,6 +221,19 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         bail!("--batch: batch sizes must be ≥ 1, got {:?}", opts.batches);
     }
     let mut probes = vec![measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?];
+    let mut levels: Vec<IsaLevel> = opts.kernels.iter().map(|k| k.isa()).collect();
+    if opts.head.is_some() {
+        for &isa in &opts.head_isas {
+            levels.extend(opts.batches.iter().map(|&b| head_kernel_isa(isa, b)));
+        }
+    }
+    levels.sort();
+    levels.dedup();
+    let peaks = levels
+        .into_iter()
+        .filter(|&isa| compute_peak::loop_of(isa).is_some())
+        .map(|isa| compute_peak::measure_int8_peak(isa, 1, 5).context("compute probe"))
+        .collect::<Result<Vec<_>>>()?;
     let mut results = Vec::new();
     let mut scratch = KernelScratch::new();
     for (name, n, k) in &opts.shapes {
@@ -270,7 +306,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
         })?;
     }
     probes.push(measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?);
-    Ok(SweepReport { probes, results })
+    Ok(SweepReport { probes, peaks, results })
 }
 
 /// The LM head's cases (see [`SweepOptions::head`]).
@@ -280,6 +316,7 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
     isas.dedup();
     let case = |m: &Q6kRows, isa: IsaLevel, shape: &str, b: usize, streaming: bool, secs: f64| KernelResult {
         kernel: head_kernel_name(isa, b),
+        isa: head_kernel_isa(isa, b),
         format: "q6_k".to_string(),
         shape: shape.to_string(),
         rows: m.rows(),
@@ -345,15 +382,20 @@ pub fn table(report: &SweepReport) -> String {
         each.join(" / "),
         bw
     );
+    if !report.peaks.is_empty() {
+        let each: Vec<String> =
+            report.peaks.iter().map(|p| format!("{} {:.1} ({})", p.isa.name(), p.best_gmacs, p.instruction)).collect();
+        let _ = writeln!(s, "int8 multiply-add peak (probe, 1 thread, best of 5 passes): {} G/s", each.join(", "));
+    }
     let _ = writeln!(
         s,
-        "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9} | {:>7} | {:>9} | {:>10} | {:>9} |",
-        "kernel", "format", "shape", "B", "µs/call", "GB/s", "% of bw", "Mrow·tok/s", "× oracle"
+        "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9} | {:>7} | {:>9} | {:>10} | {:>7} | {:>9} | {:>9} |",
+        "kernel", "format", "shape", "B", "µs/call", "GB/s", "% of bw", "Mrow·tok/s", "GMAC/s", "% of peak", "× oracle"
     );
     let _ = writeln!(
         s,
-        "|{:-<26}|{:-<11}|{:-<28}|{:->5}|{:->11}|{:->9}|{:->11}|{:->12}|{:->11}|",
-        "", "", "", "", "", "", "", "", ""
+        "|{:-<26}|{:-<11}|{:-<28}|{:->5}|{:->11}|{:->9}|{:->11}|{:->12}|{:->9}|{:->11}|{:->11}|",
+        "", "", "", "", "", "", "", "", "", "", ""
     );
     for r in &report.results {
         // The scalar family's kernels; for the head, its own scalar loop.
@@ -372,9 +414,10 @@ pub fn table(report: &SweepReport) -> String {
                     .find(|o| is_oracle(o) && o.rows == r.rows && o.cols == r.cols && o.batch == r.batch)
             });
         let speedup = oracle.map(|o| format!("{:.1}", o.secs_per_call / r.secs_per_call)).unwrap_or_else(|| "-".into());
+        let of_peak = report.peak_gmacs(r.isa).map_or_else(|| "-".into(), |p| format!("{:.0}%", 100.0 * r.gmacs() / p));
         let _ = writeln!(
             s,
-            "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9.1} | {:>7.2} | {:>8.0}% | {:>10.1} | {:>9} |",
+            "| {:<24} | {:<9} | {:<26} | {:>3} | {:>9.1} | {:>7.2} | {:>8.0}% | {:>10.1} | {:>7.1} | {:>9} | {:>9} |",
             r.kernel,
             r.format,
             r.shape,
@@ -383,6 +426,8 @@ pub fn table(report: &SweepReport) -> String {
             r.gbps,
             100.0 * r.gbps / bw,
             r.row_products_per_sec / 1e6,
+            r.gmacs(),
+            of_peak,
             speedup
         );
     }

@@ -649,11 +649,15 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                     b.set_position(index as u64 + 1);
                 } else if !quiet {
                     eprintln!(
-                        "[{}/{total}] done: pp {:.1} tok/s, tg {:.2} tok/s, {:.0}% of roofline",
+                        "[{}/{total}] done: pp {:.1} tok/s, tg {:.2} tok/s, {:.0}% of roofline{}",
                         index + 1,
                         result.prefill.tokens_per_sec.median,
                         result.decode.tokens_per_sec.median,
-                        result.decode.roofline_fraction * 100.0
+                        result.decode.roofline_fraction * 100.0,
+                        result
+                            .decode
+                            .compute_fraction
+                            .map_or(String::new(), |f| format!(", {:.0}% of int8 peak", f * 100.0))
                     );
                 }
                 // After every combination, so an interruption or crash loses nothing finished.

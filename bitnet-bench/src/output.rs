@@ -6,7 +6,7 @@ use std::fmt::Write;
 use crate::report::{BenchResult, Report};
 
 /// Column headers shared by the table, Markdown and CSV.
-const HEADERS: [&str; 16] = [
+const HEADERS: [&str; 17] = [
     "model",
     "kernel",
     "isa",
@@ -21,6 +21,7 @@ const HEADERS: [&str; 16] = [
     "p50 ms",
     "p99 ms",
     "roofline",
+    "compute",
     "kv MiB",
     "kl / top1",
 ];
@@ -34,7 +35,7 @@ fn p99_cell(l: &crate::report::Latency) -> String {
     format!("{:.2}{}", l.p99, if few { "*" } else { "" })
 }
 
-fn row(r: &BenchResult) -> [String; 16] {
+fn row(r: &BenchResult) -> [String; 17] {
     let c = &r.config;
     let tg = &r.decode.tokens_per_sec;
     [
@@ -52,6 +53,7 @@ fn row(r: &BenchResult) -> [String; 16] {
         format!("{:.2}", r.decode.latency_ms.p50),
         p99_cell(&r.decode.latency_ms),
         roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+        r.decode.compute_fraction.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
         kv_cache_known(r).map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
     ]
@@ -61,7 +63,7 @@ fn row(r: &BenchResult) -> [String; 16] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}); {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}){}; {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
@@ -79,12 +81,22 @@ pub fn header(r: &Report) -> String {
         r.roofline.read_bandwidth_gbps,
         r.roofline.threads,
         probes_note(&r.roofline),
+        peaks_note(&r.roofline),
         r.settings.warmup,
         r.settings.repeat,
         r.settings.max_new_tokens,
         if s.huge_pages_requested == Some(false) { "; no huge pages (BITNET_HUGE_PAGES=0)" } else { "" },
         if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
     )
+}
+
+/// The compute rooflines: `; int8 peak avx512/1 233.0, avx512/2 466.1 G multiply-adds/s`.
+fn peaks_note(r: &crate::report::Roofline) -> String {
+    if r.int8_peak_gmacs.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = r.int8_peak_gmacs.iter().map(|(k, g)| format!("{k} {g:.1}")).collect();
+    format!("; int8 peak {} G multiply-adds/s", each.join(", "))
 }
 
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a
@@ -112,7 +124,7 @@ fn probes_note(r: &crate::report::Roofline) -> String {
     note
 }
 
-fn aligned(rows: &[[String; 16]], sep: &str, edge: bool) -> String {
+fn aligned(rows: &[[String; 17]], sep: &str, edge: bool) -> String {
     let mut w = HEADERS.map(str::len);
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -179,7 +191,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 /// What the columns are, under the terminal and Markdown tables.
 fn legend() -> String {
     format!(
-        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} MiB probe right after it, not the header's bandwidth, which is the best of longer probes); kl / top1: KV precision's quality cost against f32 KV.",
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} MiB probe right after it, not the header's bandwidth, which is the best of longer probes); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
         crate::sweep::ROOFLINE_PROBE_BYTES >> 20
     )
 }
@@ -213,7 +225,7 @@ fn csv_field(s: &str) -> String {
 /// CSV: one row per combination, machine-friendly units in the header.
 pub fn csv(r: &Report) -> String {
     let mut o = String::from(
-        "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement\n",
+        "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction\n",
     );
     for x in &r.results {
         let c = &x.config;
@@ -243,6 +255,9 @@ pub fn csv(r: &Report) -> String {
             kv_cache_known(x).map_or(String::new(), |b| b.to_string()),
             kl,
             top1,
+            if x.decode.macs_per_step > 0 { x.decode.macs_per_step.to_string() } else { String::new() },
+            x.decode.compute_fraction.map_or(String::new(), |f| format!("{f}")),
+            x.prefill.compute_fraction.map_or(String::new(), |f| format!("{f}")),
         ];
         let _ = writeln!(o, "{}", fields.join(","));
     }

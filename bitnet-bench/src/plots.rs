@@ -261,6 +261,19 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         let t = "Decode bandwidth as % of the measured read bandwidth";
         out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
     }
+
+    // Compute fraction per combination (where the sweep measured an int8 peak).
+    let compute: Vec<(String, Vec<(String, f64)>)> = r
+        .results
+        .iter()
+        .filter_map(|x| {
+            x.decode.compute_fraction.map(|f| (short(x, several_models), vec![("compute".into(), f * 100.0)]))
+        })
+        .collect();
+    if !compute.is_empty() {
+        let t = "Decode multiply-adds as % of the measured int8 peak";
+        out.push(("compute.svg".into(), t.into(), bar_chart(t, "% of int8 peak", &compute)?));
+    }
     Ok(out)
 }
 

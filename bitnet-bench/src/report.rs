@@ -96,6 +96,43 @@ pub struct Roofline {
     /// finished): how much the machine's bandwidth moved while it was measured.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub probes_gbps: BTreeMap<String, Vec<f64>>,
+    /// The compute roofline: G int8 multiply-adds per second per `ISA/threads` of the sweep
+    /// (`avx512/2`), each the higher of the probes before and after the runs, each the best of
+    /// several passes of independent chains of the level's int8 product on registers
+    /// (`bitnet_engine::compute_peak`: `vpdpbusd` zmm at avx512; `vpmaddubsw` + `vpaddw` ymm
+    /// at avx2); absent for scalar kernels, older and imported reports.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub int8_peak_gmacs: BTreeMap<String, f64>,
+}
+
+impl Report {
+    /// Sets every result's `decode.compute_fraction` from its multiply-adds, its median decode
+    /// speed and the roofline section's compute peak for its ISA and threads (none without
+    /// either).
+    pub fn refresh_compute_fractions(&mut self) {
+        for r in &mut self.results {
+            let peak = self.roofline.int8_peak_gmacs.get(&peak_key(&r.config.isa, r.config.threads)).copied();
+            let peak = peak.filter(|g| *g > 0.0);
+            r.decode.compute_fraction = peak.filter(|_| r.decode.macs_per_step > 0).map(|g| {
+                compute_fraction(r.decode.macs_per_step as f64, r.decode.tokens_per_sec.median, r.config.batch, g)
+            });
+            // A prefill is one "step" of batch × context tokens.
+            let prompt_tokens = r.config.batch * r.config.context_length;
+            r.prefill.compute_fraction = peak
+                .filter(|_| r.prefill.macs > 0 && prompt_tokens > 0)
+                .map(|g| compute_fraction(r.prefill.macs as f64, r.prefill.tokens_per_sec.median, prompt_tokens, g));
+        }
+    }
+}
+
+/// Multiply-adds per decode step × steps per second ÷ the int8 peak (G multiply-adds/s).
+pub fn compute_fraction(macs_per_step: f64, tokens_per_sec: f64, batch: usize, peak_gmacs: f64) -> f64 {
+    macs_per_step * tokens_per_sec / batch as f64 / (peak_gmacs * 1e9)
+}
+
+/// The key of a compute peak in [`Roofline::int8_peak_gmacs`].
+pub fn peak_key(isa: &str, threads: usize) -> String {
+    format!("{isa}/{threads}")
 }
 
 impl Roofline {
@@ -191,6 +228,15 @@ pub struct Prefill {
     pub tokens_per_sec: Stat,
     /// Time to first token: prefill of every sequence's prompt plus choosing the first token.
     pub ttft_ms: Stat,
+    /// Multiply-adds of a run's prefill: every prompt token through the linear layers, and
+    /// the LM head once per sequence (for its last position); absent where unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub macs: u64,
+    /// Prefill's share of the int8 compute peak: `macs` ÷ the median prefill time ÷ the
+    /// roofline section's `int8_peak_gmacs` for the same ISA and threads; absent where there is
+    /// no peak (scalar kernels, older and imported reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -224,6 +270,20 @@ pub struct Decode {
     /// independent samples `bitnet-diff` compares (one run's steps are not independent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pass_fractions: Vec<f64>,
+    /// Multiply-adds of a decode step: every weight of the linear layers and the LM head once
+    /// per sequence (attention's float work is not counted); absent where unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub macs_per_step: u64,
+    /// Decode's share of the int8 compute peak: macs_per_step × steps per second (median)
+    /// ÷ the roofline section's `int8_peak_gmacs` for the same ISA and threads. Batch decode
+    /// is bound by it as batch-1 decode is by the bandwidth; absent where there is no peak
+    /// (scalar kernels, older and imported reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_fraction: Option<f64>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -413,12 +473,20 @@ pub fn check(r: &Report) -> Result<()> {
         {
             bail!("{p}.decode.pass_fractions: needs finite, non-negative values, at most one per step fraction");
         }
+        for (phase, f) in [("decode", res.decode.compute_fraction), ("prefill", res.prefill.compute_fraction)] {
+            if let Some(f) = f.filter(|f| !(f.is_finite() && *f >= 0.0)) {
+                bail!("{p}.{phase}.compute_fraction: {f} is not a finite, non-negative fraction");
+            }
+        }
         if res.config.batch == 0 || res.config.threads == 0 {
             bail!("{p}.config: batch and threads must be at least 1");
         }
     }
     if !r.roofline.read_bandwidth_gbps.is_finite() {
         bail!("$.roofline.read_bandwidth_gbps: non-finite value");
+    }
+    if let Some((k, g)) = r.roofline.int8_peak_gmacs.iter().find(|(_, g)| !(g.is_finite() && **g > 0.0)) {
+        bail!("$.roofline.int8_peak_gmacs.{k}: {g} is not a positive rate");
     }
     Ok(())
 }
@@ -498,6 +566,10 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         for (t, probes) in &r.roofline.probes_gbps {
             out.roofline.probes_gbps.entry(t.clone()).or_default().extend(probes);
         }
+        for (k, g) in &r.roofline.int8_peak_gmacs {
+            let best = out.roofline.int8_peak_gmacs.entry(k.clone()).or_insert(0.0);
+            *best = best.max(*g);
+        }
         for x in &r.results {
             match out.results.iter_mut().find(|o| o.config == x.config) {
                 None => out.results.push(x.clone()),
@@ -516,7 +588,8 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
             }
         }
     }
-    // The roofline fraction follows the merged medians.
+    // The roofline fractions follow the merged medians.
+    out.refresh_compute_fractions();
     for o in &mut out.results {
         if !o.decode.step_fractions.is_empty() {
             o.decode.roofline_fraction = crate::stats::percentile(&o.decode.step_fractions, 50.0);

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
+use bitnet_engine::compute_peak;
 use bitnet_engine::formats::tq1_lut::lut_table_bytes;
 use bitnet_engine::formats::tq1_perm::perm_table_bytes;
 use bitnet_engine::instrument::{Level, Phase};
@@ -17,8 +18,8 @@ use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 
 use crate::report::{
-    BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Quality, Report, Roofline, Settings, StageShare,
-    Tool, SCHEMA_VERSION,
+    peak_key, BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Quality, Report, Roofline, Settings,
+    StageShare, Tool, SCHEMA_VERSION,
 };
 use crate::stats::Stat;
 use crate::system::{available_memory, fingerprint, peak_rss};
@@ -103,6 +104,11 @@ pub struct Prepared {
     /// KV bytes read per cached position in a step, all sequences: step i of n reads
     /// `bytes_per_step + kv_bytes_per_position × (i − (n − 1)/2)`.
     pub kv_bytes_per_position: u64,
+    /// Multiply-adds of a decode step (linear layers and head, every sequence).
+    pub macs_per_step: u64,
+    /// Multiply-adds of a run's prefill (every prompt token through the linear layers, the
+    /// head once per sequence).
+    pub prefill_macs: u64,
 }
 
 /// One measured run.
@@ -143,6 +149,9 @@ pub trait Runner {
     /// Bytes a state for `combo` would allocate (KV cache and buffers), for the memory check.
     fn estimate_bytes(&self, combo: &Combo, max_new: usize) -> u64;
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64>;
+    /// The int8 multiply-add peak (G/s) of `threads` threads at `isa`; `None` where there is
+    /// none to measure (scalar).
+    fn int8_peak_gmacs(&mut self, isa: IsaLevel, threads: usize) -> Result<Option<f64>>;
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared>;
     fn run(&mut self, max_new: usize) -> Result<RunSample>;
     /// Another run whose decode steps each have a bandwidth probe right after them, for the
@@ -284,6 +293,16 @@ pub fn run_sweep(
     }
     let max_t = *threads_sorted.last().context("--threads: needs at least one value")?;
     let isa_used: Vec<IsaLevel> = combos.iter().map(|c| c.kernel.isa()).collect();
+    // The compute roofline of every ISA and thread count the combinations run.
+    let mut peak_cases: Vec<(IsaLevel, usize)> = combos.iter().map(|c| (c.kernel.isa(), c.threads)).collect();
+    peak_cases.sort();
+    peak_cases.dedup();
+    let mut int8_peak_gmacs = BTreeMap::new();
+    for &(isa, t) in &peak_cases {
+        if let Some(g) = runner.int8_peak_gmacs(isa, t).context("compute probe")? {
+            int8_peak_gmacs.insert(peak_key(isa.name(), t), g);
+        }
+    }
     let mut report = Report {
         schema_version: SCHEMA_VERSION,
         complete: false,
@@ -302,6 +321,7 @@ pub fn run_sweep(
             threads: max_t,
             by_threads,
             probes_gbps,
+            int8_peak_gmacs,
         },
         results: Vec::new(),
     };
@@ -347,6 +367,7 @@ pub fn run_sweep(
         let bw = report.roofline.by_threads[&combo.threads.to_string()];
         let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, bw, quality, diag);
         report.results.push(result);
+        report.refresh_compute_fractions();
         let last = report.results.last().expect("just pushed");
         progress(Progress::Done { index, total, result: last, report: &report })?;
     }
@@ -359,6 +380,13 @@ pub fn run_sweep(
             report.roofline.probes_gbps.entry(key.clone()).or_default().push(gbps);
             report.roofline.raise(&key, gbps);
         }
+        for &(isa, t) in &peak_cases {
+            if let Some(g) = runner.int8_peak_gmacs(isa, t).context("compute probe after the runs")? {
+                let best = report.roofline.int8_peak_gmacs.entry(peak_key(isa.name(), t)).or_insert(0.0);
+                *best = best.max(g);
+            }
+        }
+        report.refresh_compute_fractions();
         for r in report.results.iter_mut().filter(|r| r.decode.step_fractions.is_empty()) {
             let bw = report.roofline.by_threads[&r.config.threads.to_string()];
             r.decode.roofline_fraction =
@@ -423,7 +451,12 @@ pub fn summarize(
             kv_precision: combo.kv.name().into(),
             threads: combo.threads,
         },
-        prefill: Prefill { tokens_per_sec: Stat::of(&pp), ttft_ms: Stat::of(&ttft) },
+        prefill: Prefill {
+            tokens_per_sec: Stat::of(&pp),
+            ttft_ms: Stat::of(&ttft),
+            macs: prepared.prefill_macs,
+            compute_fraction: None,
+        },
         decode: Decode {
             tokens_per_sec: tg_stat,
             latency_ms: Latency::of(lat),
@@ -437,6 +470,8 @@ pub fn summarize(
             probes_gbps: passes.iter().flat_map(|p| p.probe_gbps.iter().copied()).collect(),
             step_fractions,
             pass_fractions,
+            macs_per_step: prepared.macs_per_step,
+            compute_fraction: None,
         },
         memory: Memory {
             weight_bytes: prepared.weight_bytes,
@@ -659,6 +694,13 @@ impl Runner for EngineRunner {
         Ok(measure_read_bandwidth(self.probe_bytes, threads, 5)?.best_gbps)
     }
 
+    fn int8_peak_gmacs(&mut self, isa: IsaLevel, threads: usize) -> Result<Option<f64>> {
+        if compute_peak::loop_of(isa).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(compute_peak::measure_int8_peak(isa, threads, 5)?.best_gmacs))
+    }
+
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared> {
         self.state = None; // free the previous combination's cache first
         self.after_prompt = None;
@@ -692,6 +734,10 @@ impl Runner for EngineRunner {
             repack_bytes: self.model.weights.repack_bytes(Some(combo.kernel)) as u64,
             kv_cache_bytes: st.kv_cache().byte_len() as u64,
             bytes_per_step,
+            macs_per_step: self.model.weights.macs_per_token() * combo.batch as u64,
+            prefill_macs: (self.model.weights.linear_macs_per_token() * combo.context_length as u64
+                + self.model.weights.head_macs_per_token())
+                * combo.batch as u64,
             kv_bytes_per_position,
         };
         self.state = Some((*combo, st));

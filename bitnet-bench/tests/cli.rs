@@ -36,20 +36,25 @@ fn kernel_sweep_runs_the_lm_head_against_its_scalar_loop() {
     let out = bench().args(args).output().unwrap();
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let head: Vec<Vec<&str>> = stdout
-        .lines()
-        .filter(|l| l.starts_with("| q6k_head/"))
-        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
-        .collect();
+    let cells = |l: &str| -> Vec<String> { l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect() };
+    let header = cells(stdout.lines().find(|l| l.starts_with("| kernel")).expect("a table header"));
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no {name} column"));
+    let (oracle, of_peak) = (col("× oracle"), col("% of peak"));
+    let head: Vec<Vec<String>> = stdout.lines().filter(|l| l.starts_with("| q6k_head/")).map(cells).collect();
     // 2B4T's head is 128256 × 2560; --quick runs 2048 rows in cache, no streaming case.
     let avx2 = bitnet_engine::IsaLevel::Avx2.is_supported();
     assert_eq!(head.len(), if avx2 { 2 } else { 1 }, "{stdout}");
     assert_eq!(&head[0][..3], &["q6k_head/scalar", "q6_k", "head 2048x2560"], "{stdout}");
-    assert_eq!(head[0][8], "1.0", "the scalar loop is its own oracle: {stdout}");
+    assert_eq!(head[0][oracle], "1.0", "the scalar loop is its own oracle: {stdout}");
+    assert_eq!(head[0][of_peak], "-", "scalar has no int8 peak: {stdout}");
     if avx2 {
         assert_eq!(&head[1][..3], &["q6k_head/avx2", "q6_k", "head 2048x2560"], "{stdout}");
-        let speedup: f64 = head[1][8].parse().unwrap();
+        let speedup: f64 = head[1][oracle].parse().unwrap();
         assert!(speedup > 1.0, "{stdout}");
+        // Against the AVX2 peak, which the header line gives.
+        let pct: f64 = head[1][of_peak].trim_end_matches('%').parse().unwrap();
+        assert!(pct > 0.0, "{stdout}");
+        assert!(stdout.contains("int8 multiply-add peak") && stdout.contains("avx2 "), "{stdout}");
     }
     // Without --head, naming --kernels leaves the head out.
     let out =

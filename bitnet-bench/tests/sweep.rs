@@ -42,6 +42,11 @@ impl Runner for FakeRunner<'_> {
         self.probes += 1;
         Ok(10.0 * threads as f64 + 5.0 * (self.probes - 1) as f64)
     }
+    fn int8_peak_gmacs(&mut self, isa: IsaLevel, threads: usize) -> Result<Option<f64>> {
+        // 200 G/s a thread at any SIMD level (so that the report is the same on an AVX2
+        // machine, which `sweep` relabels avx512); none for scalar.
+        Ok((isa != IsaLevel::Scalar).then_some(200.0 * threads as f64))
+    }
     fn prepare(&mut self, combo: &Combo, _max_new: usize) -> Result<Prepared> {
         self.combo = Some(*combo);
         Ok(Prepared {
@@ -50,6 +55,8 @@ impl Runner for FakeRunner<'_> {
             kv_cache_bytes: 4096 * combo.batch as u64,
             bytes_per_step: 100_000_000,
             kv_bytes_per_position: 0,
+            macs_per_step: 2_000_000_000 * combo.batch as u64,
+            prefill_macs: 100_000_000 * (combo.context_length + 1) as u64 * combo.batch as u64,
         })
     }
     fn run(&mut self, max_new: usize) -> Result<RunSample> {
@@ -150,7 +157,54 @@ fn sweep(stop_after: Option<usize>) -> Report {
         // The sweep resolves "best" to the widest level this CPU has (avx2 on Zen 3 VMs).
         x.config.isa = "avx512".into();
     }
+    let peaks = std::mem::take(&mut r.roofline.int8_peak_gmacs);
+    for (k, g) in peaks {
+        let threads = k.rsplit('/').next().unwrap().parse().unwrap();
+        r.roofline.int8_peak_gmacs.insert(report::peak_key("avx512", threads), g);
+    }
+    r.refresh_compute_fractions();
     r
+}
+
+#[test]
+fn compute_fractions_are_each_steps_multiply_adds_over_the_int8_peak() {
+    let r = sweep(None);
+    assert_eq!(r.roofline.int8_peak_gmacs, BTreeMap::from([("avx512/2".to_string(), 400.0)]));
+    for x in &r.results {
+        // The fake's 2 G multiply-adds a token, B tokens a step, at the median tokens/s.
+        assert_eq!(x.decode.macs_per_step, 2_000_000_000 * x.config.batch as u64);
+        let want = 2e9 * x.decode.tokens_per_sec.median / 400e9;
+        let got = x.decode.compute_fraction.unwrap();
+        assert!((got - want).abs() < 1e-12 * want, "{}: {got} vs {want}", x.config);
+        // Prefill: the fake's (context + 1) × 0.1 G a sequence over the median prefill time.
+        let (b, ctx) = (x.config.batch as f64, x.config.context_length as f64);
+        let secs = b * ctx / x.prefill.tokens_per_sec.median;
+        let want = 1e8 * (ctx + 1.0) * b / secs / 400e9;
+        let got = x.prefill.compute_fraction.unwrap();
+        assert!((got - want).abs() < 1e-12 * want, "{}: prefill {got} vs {want}", x.config);
+    }
+    // A scalar sweep has no int8 peak, hence no fraction; nor has an ISA/thread count the
+    // roofline section lacks.
+    let stop = AtomicBool::new(false);
+    let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: None };
+    let scalar = SweepSpec { isa: Some(IsaLevel::Scalar), quality_positions: 0, trace: false, ..spec() };
+    let s = run_sweep(&scalar, &mut runner, &stop, |_| Ok(())).unwrap();
+    assert!(s.roofline.int8_peak_gmacs.is_empty());
+    assert!(s.results.iter().all(|x| x.decode.compute_fraction.is_none() && x.decode.macs_per_step > 0));
+    assert!(s.results.iter().all(|x| x.prefill.compute_fraction.is_none() && x.prefill.macs > 0));
+    let mut other = r.clone();
+    other.roofline.int8_peak_gmacs = BTreeMap::from([("avx512/1".to_string(), 200.0)]);
+    other.refresh_compute_fractions();
+    assert!(other.results.iter().all(|x| x.decode.compute_fraction.is_none() && x.prefill.compute_fraction.is_none()));
+    // Merged runs take the higher peak of the two.
+    let mut faster = r.clone();
+    faster.roofline.int8_peak_gmacs.insert("avx512/2".into(), 500.0);
+    let m = report::merge(&[("a".to_string(), r.clone()), ("b".to_string(), faster)]).unwrap();
+    assert_eq!(m.roofline.int8_peak_gmacs["avx512/2"], 500.0);
+    for x in &m.results {
+        let want = 2e9 * x.decode.tokens_per_sec.median / 500e9;
+        assert!((x.decode.compute_fraction.unwrap() - want).abs() < 1e-12 * want);
+    }
 }
 
 #[test]
@@ -316,11 +370,12 @@ fn charts_and_page_are_written_for_a_report() {
         "kv_quality.svg",
         "stages.svg",
         "roofline.svg",
+        "compute.svg",
     ] {
         let svg = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(svg.contains("<svg"), "{f}");
     }
-    assert_eq!(html.matches("<svg").count(), 6, "every chart inlined: the page needs no other file");
+    assert_eq!(html.matches("<svg").count(), 7, "every chart inlined: the page needs no other file");
     assert!(html.contains("decode_tokens_per_sec_median"));
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -463,6 +518,8 @@ fn each_roofline_step_is_over_its_own_kv_bytes() {
         kv_cache_bytes: 0,
         bytes_per_step: 50_000_000,
         kv_bytes_per_position: 1_000_000,
+        macs_per_step: 0,
+        prefill_macs: 0,
     };
     let (n, gbps, fraction) = (8usize, 20.0, 0.8);
     let mid = (n as f64 - 1.0) / 2.0;

@@ -216,14 +216,24 @@ fn llama_bench_json_imports_into_a_valid_report() {
     assert!(table.contains(&format!("{lb}: ")) && table.contains("llama-bench imported (commit"), "{table}");
     let llama_row = table.lines().find(|l| l.contains("| llama.cpp")).expect("a llama.cpp row");
     assert!(llama_row.contains("|  148.1 |"), "llama-bench's pp32 median: {llama_row}");
-    assert!(llama_row.contains("|        - |      - |"), "unknown roofline and KV bytes: {llama_row}");
+    assert!(
+        llama_row.contains("|        - |       - |      - |"),
+        "unknown roofline, compute and KV bytes: {llama_row}"
+    );
     assert_eq!(table.lines().filter(|l| l.contains("| i2s ")).count(), 2, "{table}");
     let csv = std::fs::read_to_string(csv).unwrap();
     assert_eq!(csv.lines().count(), 4, "{csv}");
     let llama_csv = csv.lines().find(|l| l.contains(",llama.cpp,")).unwrap();
-    let fields: Vec<&str> = llama_csv.rsplitn(6, ',').collect();
-    assert_eq!(fields[4], "", "roofline_fraction left empty: {llama_csv}");
-    assert_eq!(fields[2], "", "kv_cache_bytes left empty: {llama_csv}");
+    let names: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    // Every field of the row is plain (no quoted commas): the model is llama-bench's type name.
+    let fields: Vec<&str> = llama_csv.split(',').collect();
+    assert_eq!(fields.len(), names.len(), "{llama_csv}");
+    for unknown in
+        ["roofline_fraction", "kv_cache_bytes", "macs_per_step", "compute_fraction", "prefill_compute_fraction"]
+    {
+        let i = names.iter().position(|n| *n == unknown).unwrap();
+        assert_eq!(fields[i], "", "{unknown} left empty: {llama_csv}");
+    }
     assert!(std::fs::read_to_string(md).unwrap().contains("### bitnet-bench: bitnet-b1.58-large / "));
     let html = std::fs::read_to_string(plots.join("index.html")).unwrap();
     assert!(html.contains("llama.cpp") && html.contains(ours), "both reports are on the page");
