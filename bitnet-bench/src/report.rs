@@ -106,9 +106,9 @@ pub struct Roofline {
 }
 
 impl Report {
-    /// Sets every result's `decode.compute_fraction` from its multiply-adds, its median decode
-    /// speed and the roofline section's compute peak for its ISA and threads (none without
-    /// either).
+    /// Sets every result's `decode.compute_fraction` and `prefill.compute_fraction` from its
+    /// multiply-adds, its median speed and the roofline section's compute peak for its ISA and
+    /// threads (none without either).
     pub fn refresh_compute_fractions(&mut self) {
         for r in &mut self.results {
             let peak = self.roofline.int8_peak_gmacs.get(&peak_key(&r.config.isa, r.config.threads)).copied();
