@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use bitnet_engine::compute_peak;
 use bitnet_engine::instrument::{clock, Level, Phase, Stage};
 use bitnet_engine::model::{argmax, prefill, ModelSource};
 use bitnet_engine::{
@@ -18,8 +19,8 @@ use crate::folded::{self, Weight};
 use crate::profile;
 use crate::spans::Spans;
 use crate::summary::{
-    stage_rows, table, thread_rows, wall_check, Consistency, CounterReport, HeapInfo, PprofCheck, PprofRow, RunInfo,
-    Summary, TimelineInfo, Wall, PPROF_MIN_SAMPLES, PPROF_TOLERANCE_PP,
+    compute_rows, stage_rows, table, thread_rows, wall_check, ComputeReport, Consistency, CounterReport, HeapInfo,
+    PprofCheck, PprofRow, RunInfo, Summary, TimelineInfo, Wall, PPROF_MIN_SAMPLES, PPROF_TOLERANCE_PP,
 };
 
 /// What to trace.
@@ -426,6 +427,7 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
         }
     });
     let decode_tokens = (opts.tokens * opts.batch) as f64;
+    let compute = compute_report(&spans, &model, kernel, opts)?;
     let summary = Summary {
         tool: format!("bitnet-trace {}", env!("CARGO_PKG_VERSION")),
         run: RunInfo {
@@ -465,10 +467,33 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
         timeline: (opts.level == Level::Timeline)
             .then(|| TimelineInfo { events: spans.events.len(), overflow: spans.overflow.iter().sum() }),
         heap,
+        compute,
     };
     std::fs::write(staging.dir.join("summary.json"), serde_json::to_vec_pretty(&summary)?).context("summary.json")?;
     let files = staging.commit(out)?;
     Ok(TraceOutcome { summary, files, notes })
+}
+
+/// The linear layers' and the head's multiply-adds per second in each phase against the int8
+/// peak of the kernel's ISA, probed with the run's threads after the traced region; none at the
+/// scalar level. Prefill takes every prompt token through the linear layers and the head once
+/// per sequence (its last position); decode, every token through both.
+fn compute_report(spans: &Spans, model: &Model, kernel: Kernel, opts: &TraceOptions) -> Result<Option<ComputeReport>> {
+    let Some((_, instruction)) = compute_peak::loop_of(kernel.isa()) else {
+        return Ok(None);
+    };
+    let peak = compute_peak::measure_int8_peak(kernel.isa(), opts.threads, 3).context("compute probe")?;
+    let per_thread = peak.best_gmacs / opts.threads as f64;
+    let (linear, head) = (model.weights.linear_macs_per_token(), model.weights.head_macs_per_token());
+    let (b, ctx, steps) = (opts.batch as u64, opts.context_length as u64, opts.tokens as u64);
+    let mut rows = compute_rows(spans, Phase::Prefill, linear * ctx * b, head * b, per_thread);
+    rows.extend(compute_rows(spans, Phase::Decode, linear * steps * b, head * steps * b, per_thread));
+    Ok(Some(ComputeReport {
+        isa: kernel.isa().name().into(),
+        instruction: instruction.into(),
+        peak_gmacs_per_thread: per_thread,
+        rows,
+    }))
 }
 
 /// Adds counter deltas into totals.

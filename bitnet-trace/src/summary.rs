@@ -34,6 +34,87 @@ pub struct Summary {
     pub counters: Option<CounterReport>,
     pub timeline: Option<TimelineInfo>,
     pub heap: Option<HeapInfo>,
+    /// The matmuls' multiply-adds per second against the int8 peak; absent where the kernel's
+    /// ISA has none (scalar) and in summaries written before it existed.
+    #[serde(default)]
+    pub compute: Option<ComputeReport>,
+}
+
+/// How close the matmuls came to the core's int8 arithmetic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputeReport {
+    /// The ISA level whose peak was probed (the kernel's).
+    pub isa: String,
+    /// The instructions the probe ran (`bitnet_engine::compute_peak`).
+    pub instruction: String,
+    /// G multiply-adds per second of one thread while all the run's threads ran the probe
+    /// (best pass ÷ threads).
+    pub peak_gmacs_per_thread: f64,
+    pub rows: Vec<ComputeRow>,
+}
+
+/// One phase's linear layers or LM head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputeRow {
+    pub phase: String,
+    /// `linear` (the kernel stages of the seven projections) or `lm_head`.
+    pub part: String,
+    /// Multiply-adds of the phase (weights × tokens).
+    pub macs: u64,
+    /// Thread-time in those stages, summed over threads.
+    pub thread_ms: f64,
+    /// macs ÷ thread_ms: the rate of a thread while it ran them.
+    pub gmacs_per_thread: f64,
+    /// Of `peak_gmacs_per_thread`, in %.
+    pub pct_of_peak: f64,
+}
+
+/// The stages of a linear layer's kernel (not the quantize or transpose around it).
+const KERNEL_STAGES: [Stage; 8] = [
+    Stage::Unpack,
+    Stage::Dot,
+    Stage::UnpackDot,
+    Stage::Xnor,
+    Stage::Popcount,
+    Stage::XnorPopcount,
+    Stage::Lookup,
+    Stage::Tables,
+];
+
+/// The linear layers' and the LM head's rows of one phase, given their multiply-adds; a part
+/// without spans (or without work) is left out.
+pub fn compute_rows(
+    spans: &Spans,
+    phase: Phase,
+    linear_macs: u64,
+    head_macs: u64,
+    peak_per_thread: f64,
+) -> Vec<ComputeRow> {
+    use bitnet_engine::instrument::Op;
+    let linear_op = |op: Op| matches!(op, Op::Q | Op::K | Op::V | Op::O | Op::Gate | Op::Up | Op::Down);
+    let parts = [
+        (
+            "linear",
+            linear_macs,
+            spans.sum(|t| t.phase == phase && linear_op(t.op) && KERNEL_STAGES.contains(&t.stage), |t| t.ns),
+        ),
+        ("lm_head", head_macs, spans.sum(|t| t.phase == phase && t.stage == Stage::LmHead, |t| t.ns)),
+    ];
+    parts
+        .into_iter()
+        .filter(|(_, macs, ns)| *macs > 0 && *ns > 0.0)
+        .map(|(part, macs, ns)| {
+            let gmacs = macs as f64 / ns;
+            ComputeRow {
+                phase: phase.name().into(),
+                part: part.into(),
+                macs,
+                thread_ms: ns / 1e6,
+                gmacs_per_thread: gmacs,
+                pct_of_peak: if peak_per_thread > 0.0 { gmacs / peak_per_thread * 100.0 } else { 0.0 },
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -269,6 +350,21 @@ pub fn table(s: &Summary) -> String {
             );
         }
     }
+    if let Some(c) = &s.compute {
+        let parts: Vec<String> = c
+            .rows
+            .iter()
+            .map(|r| format!("{} {} {:.1} ({:.0}%)", r.phase, r.part, r.gmacs_per_thread, r.pct_of_peak))
+            .collect();
+        let _ = writeln!(
+            o,
+            "\ncompute (G multiply-adds/s of a thread in the stages; int8 peak {:.1} a thread at {}, {}): {}",
+            c.peak_gmacs_per_thread,
+            c.isa,
+            c.instruction,
+            parts.join(", ")
+        );
+    }
     let busy: Vec<String> = s.threads.iter().map(|t| format!("thread {} {:.0}%", t.thread, t.busy_pct)).collect();
     let _ = writeln!(o, "\nbusy (spans other than wait, of wall): {}", busy.join(", "));
     let c = &s.consistency;
@@ -383,5 +479,53 @@ mod tests {
         let gbps = |name: &str| rows.iter().find(|r| r.stage == name).and_then(|r| r.gbps).unwrap();
         assert!((gbps("embed") - 1.0).abs() < 1e-12, "{rows:?}");
         assert!((gbps("unpack_dot") - 2.0).abs() < 1e-12, "{rows:?}");
+    }
+
+    #[test]
+    fn compute_rows_divide_each_parts_work_by_its_kernel_thread_time() {
+        let at = |op: Op, stage: Stage, thread: usize, ns: f64| StageTotal {
+            phase: Phase::Decode,
+            layer: Some(0),
+            op,
+            stage,
+            thread,
+            ns,
+            calls: 1,
+            bytes: 0,
+        };
+        let spans = Spans {
+            totals: vec![
+                // Kernel stages of the projections count, on every thread: 3 s in all.
+                at(Op::Q, Stage::Unpack, 0, 0.5e9),
+                at(Op::Q, Stage::Dot, 0, 0.5e9),
+                at(Op::Down, Stage::Lookup, 1, 1.5e9),
+                at(Op::Down, Stage::Tables, 1, 0.5e9),
+                // Quantizing, transposing and the attention block's own stages do not.
+                at(Op::Q, Stage::Quantize, 0, 7e9),
+                at(Op::Q, Stage::Transpose, 1, 7e9),
+                at(Op::Attn, Stage::Qk, 0, 7e9),
+                // The head: 2 s.
+                at(Op::Output, Stage::LmHead, 0, 1e9),
+                at(Op::Output, Stage::LmHead, 1, 1e9),
+                // Another phase's kernels are that phase's.
+                StageTotal { phase: Phase::Prefill, ..at(Op::Q, Stage::UnpackDot, 0, 9e9) },
+            ],
+            events: Vec::new(),
+            overflow: vec![0, 0],
+            threads: 2,
+            ticks_per_sec: 1e9,
+            clock: "test",
+        };
+        let rows = compute_rows(&spans, Phase::Decode, 600_000_000_000, 100_000_000_000, 250.0);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!((rows[0].part.as_str(), rows[0].thread_ms), ("linear", 3000.0));
+        assert!((rows[0].gmacs_per_thread - 200.0).abs() < 1e-9 && (rows[0].pct_of_peak - 80.0).abs() < 1e-9);
+        assert_eq!((rows[1].part.as_str(), rows[1].thread_ms), ("lm_head", 2000.0));
+        assert!((rows[1].gmacs_per_thread - 50.0).abs() < 1e-9 && (rows[1].pct_of_peak - 20.0).abs() < 1e-9);
+        // No work or no spans: no row.
+        assert_eq!(compute_rows(&spans, Phase::Decode, 0, 0, 250.0), vec![]);
+        let prefill = compute_rows(&spans, Phase::Prefill, 900_000_000_000, 5, 250.0);
+        assert_eq!(prefill.len(), 1);
+        assert!((prefill[0].gmacs_per_thread - 100.0).abs() < 1e-9);
     }
 }

@@ -112,6 +112,35 @@ fn a_traced_run_writes_every_file_and_a_consistent_summary() {
     for k in counters {
         assert!(k["status"] == "counting" || !k["error"].is_null(), "a missing counter says why: {k}");
     }
+    // The compute section: at the kernel's ISA (the best here, i2s's default), a row for the
+    // linear layers and the head of both phases, each its multiply-adds over its thread-time.
+    let kernel = bitnet_engine::Kernel::best(bitnet_engine::KernelFamily::I2s);
+    if kernel.isa() == bitnet_engine::IsaLevel::Scalar {
+        assert!(s["compute"].is_null());
+    } else {
+        let c = &s["compute"];
+        assert_eq!(c["isa"], kernel.isa().name());
+        let peak = c["peak_gmacs_per_thread"].as_f64().unwrap();
+        assert!(peak > 0.0);
+        let rows = c["rows"].as_array().unwrap();
+        let parts: Vec<String> = rows.iter().map(|r| format!("{} {}", r["phase"], r["part"])).collect();
+        assert_eq!(
+            parts,
+            [r#""prefill" "linear""#, r#""prefill" "lm_head""#, r#""decode" "linear""#, r#""decode" "lm_head""#]
+        );
+        let cfg = bitnet_engine::ModelConfig::preset("tiny").unwrap();
+        let model = bitnet_engine::Model::synthetic("tiny", bitnet_engine::WeightFormat::I2, 42, 1).unwrap();
+        assert_eq!(cfg.vocab * cfg.hidden, model.weights.head_macs_per_token() as usize);
+        // Decode: 4 steps of one token.
+        assert_eq!(rows[2]["macs"].as_u64().unwrap(), 4 * model.weights.linear_macs_per_token());
+        assert_eq!(rows[3]["macs"].as_u64().unwrap(), 4 * model.weights.head_macs_per_token());
+        for r in rows {
+            let (macs, ms) = (r["macs"].as_f64().unwrap(), r["thread_ms"].as_f64().unwrap());
+            let rate = r["gmacs_per_thread"].as_f64().unwrap();
+            assert!((rate - macs / (ms * 1e6)).abs() <= 1e-9 * rate, "{r}");
+            assert!((r["pct_of_peak"].as_f64().unwrap() - rate / peak * 100.0).abs() < 1e-9, "{r}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 
