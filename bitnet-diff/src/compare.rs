@@ -74,6 +74,18 @@ pub fn metrics() -> Vec<Metric> {
             },
         },
         Metric {
+            name: "decode.compute_fraction",
+            better: Better::Higher,
+            // Each run's decode speed over its report's own int8 peak (the fraction's median
+            // scales every run's tokens/s by the same multiply-adds ÷ batch ÷ peak), so the
+            // samples stay comparable when the core's clock moved between the two runs.
+            samples: |r| {
+                let f = r.decode.compute_fraction?;
+                let median = r.decode.tokens_per_sec.median;
+                (median > 0.0).then(|| r.decode.tokens_per_sec.samples.iter().map(|t| t / median * f).collect())
+            },
+        },
+        Metric {
             name: "memory.kv_cache_bytes",
             better: Better::Lower,
             samples: |r| Some(vec![r.memory.kv_cache_bytes as f64]),
@@ -419,6 +431,26 @@ pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<Strin
     notes
 }
 
+/// Notes where the int8 compute peak each report probed (`roofline.int8_peak_gmacs`, per ISA
+/// and threads) differs by more than `threshold`: batch decode and prefill follow the cores'
+/// clock as batch-1 decode follows the bus, so a change of that size may be the machine's.
+pub fn compute_peak_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
+    let tau = (1.0 + threshold).ln();
+    let mut notes = Vec::new();
+    for (key, &b) in &base.roofline.int8_peak_gmacs {
+        let Some(&n) = new.roofline.int8_peak_gmacs.get(key) else { continue };
+        if !(b.is_finite() && n.is_finite() && b > 0.0 && n > 0.0) || (n / b).ln().abs() <= tau {
+            continue;
+        }
+        notes.push(format!(
+            "the int8 compute peak probed beside the runs differs: {b:.1} → {n:.1} G multiply-adds/s at {key} ({:+.1}%, beyond the ±{:.1}% threshold); batch decode and prefill follow the cores' clock, so a change of that size may be the machine's, not the code's; decode.compute_fraction (each run over its own report's peak) is compared across such runs",
+            (n / b - 1.0) * 100.0,
+            threshold * 100.0
+        ));
+    }
+    notes
+}
+
 /// Compares NEW against BASE on `metric_names`.
 pub fn compare(
     base: &Report,
@@ -520,6 +552,7 @@ pub fn compare(
         notes: {
             let mut notes = if across { across_notes(base, new) } else { Vec::new() };
             notes.extend(bandwidth_notes(base, new, threshold));
+            notes.extend(compute_peak_notes(base, new, threshold));
             // What a report's missing configurations are listed as, and what that does.
             for (which, r, lacks, effect) in
                 [("BASE", base, "added", ""), ("NEW", new, "removed", "; with --fail-on regression the gate fails")]

@@ -54,7 +54,9 @@ struct Cli {
     #[arg(long, default_value = "5%")]
     threshold: String,
     /// Metrics to compare (comma-separated); default decode.tokens_per_sec,
-    /// prefill.tokens_per_sec, prefill.ttft_ms.
+    /// prefill.tokens_per_sec, prefill.ttft_ms; also decode.latency_ms,
+    /// decode.roofline_fraction, decode.compute_fraction, memory.kv_cache_bytes,
+    /// memory.peak_rss_bytes, quality.kl_divergence.
     #[arg(long, value_delimiter = ',')]
     metrics: Vec<String>,
     #[arg(long, value_enum, default_value = "text")]
