@@ -409,46 +409,48 @@ fn across_notes(base: &Report, new: &Report) -> Vec<String> {
     notes
 }
 
-/// Notes where the read bandwidth each report probed beside its runs (`roofline.by_threads`)
-/// differs by more than `threshold` (symmetric in log ratio, like the verdicts). On a shared
-/// machine it moves by tens of percent between hours while the code stays the same, and
-/// decode tokens/s follows it: a "regression" of that size may be the machine's. Not an
-/// environment warning (`--strict-env` would then refuse most pairs of runs on such machines).
-pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
+/// The keys of two probe maps whose figures differ by more than `threshold` (symmetric in
+/// log ratio, like the verdicts), with both figures; keys in one map only, and figures that
+/// are not positive, are skipped.
+fn probes_apart<'a>(
+    base: &'a BTreeMap<String, f64>,
+    new: &'a BTreeMap<String, f64>,
+    threshold: f64,
+) -> impl Iterator<Item = (&'a str, f64, f64)> + 'a {
     let tau = (1.0 + threshold).ln();
-    let mut notes = Vec::new();
-    for (threads, &b) in &base.roofline.by_threads {
-        let Some(&n) = new.roofline.by_threads.get(threads) else { continue };
-        if !(b.is_finite() && n.is_finite() && b > 0.0 && n > 0.0) || (n / b).ln().abs() <= tau {
-            continue;
-        }
-        notes.push(format!(
+    base.iter().filter_map(move |(key, &b)| {
+        let n = *new.get(key)?;
+        let positive = b.is_finite() && n.is_finite() && b > 0.0 && n > 0.0;
+        (positive && (n / b).ln().abs() > tau).then_some((key.as_str(), b, n))
+    })
+}
+
+/// Notes where the read bandwidth each report probed beside its runs (`roofline.by_threads`)
+/// differs by more than `threshold`. On a shared machine it moves by tens of percent between
+/// hours while the code stays the same, and decode tokens/s follows it: a "regression" of
+/// that size may be the machine's. Not an environment warning (`--strict-env` would then
+/// refuse most pairs of runs on such machines).
+pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
+    probes_apart(&base.roofline.by_threads, &new.roofline.by_threads, threshold)
+        .map(|(threads, b, n)| format!(
             "the memory read bandwidth probed beside the runs differs: {b:.1} → {n:.1} GB/s with {threads} thread(s) ({:+.1}%, beyond the ±{:.1}% threshold); decode tokens/s follows the machine's bandwidth, so a change of that size may be the machine's, not the code's; decode.roofline_fraction (each step over a probe taken right after it) is compared across such runs",
             (n / b - 1.0) * 100.0,
             threshold * 100.0
-        ));
-    }
-    notes
+        ))
+        .collect()
 }
 
 /// Notes where the int8 compute peak each report probed (`roofline.int8_peak_gmacs`, per ISA
 /// and threads) differs by more than `threshold`: batch decode and prefill follow the cores'
 /// clock as batch-1 decode follows the bus, so a change of that size may be the machine's.
 pub fn compute_peak_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
-    let tau = (1.0 + threshold).ln();
-    let mut notes = Vec::new();
-    for (key, &b) in &base.roofline.int8_peak_gmacs {
-        let Some(&n) = new.roofline.int8_peak_gmacs.get(key) else { continue };
-        if !(b.is_finite() && n.is_finite() && b > 0.0 && n > 0.0) || (n / b).ln().abs() <= tau {
-            continue;
-        }
-        notes.push(format!(
+    probes_apart(&base.roofline.int8_peak_gmacs, &new.roofline.int8_peak_gmacs, threshold)
+        .map(|(key, b, n)| format!(
             "the int8 compute peak probed beside the runs differs: {b:.1} → {n:.1} G multiply-adds/s at {key} ({:+.1}%, beyond the ±{:.1}% threshold); batch decode and prefill follow the cores' clock, so a change of that size may be the machine's, not the code's; decode.compute_fraction (each run over its own report's peak) is compared across such runs",
             (n / b - 1.0) * 100.0,
             threshold * 100.0
-        ));
-    }
-    notes
+        ))
+        .collect()
 }
 
 /// Compares NEW against BASE on `metric_names`.
