@@ -136,6 +136,13 @@ pub fn peak_key(isa: &str, threads: usize) -> String {
 }
 
 impl Roofline {
+    /// Takes a compute-peak figure for `key` (`ISA/threads`) into account: the peak is the
+    /// highest figure seen.
+    pub fn raise_peak(&mut self, key: &str, gmacs: f64) {
+        let best = self.int8_peak_gmacs.entry(key.to_string()).or_insert(0.0);
+        *best = best.max(gmacs);
+    }
+
     /// Takes a bandwidth figure for `threads` into account: the roofline of that thread count
     /// is the highest figure seen (and `read_bandwidth_gbps` follows it for `self.threads`).
     pub fn raise(&mut self, threads: &str, gbps: f64) {
@@ -567,8 +574,7 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
             out.roofline.probes_gbps.entry(t.clone()).or_default().extend(probes);
         }
         for (k, g) in &r.roofline.int8_peak_gmacs {
-            let best = out.roofline.int8_peak_gmacs.entry(k.clone()).or_insert(0.0);
-            *best = best.max(*g);
+            out.roofline.raise_peak(k, *g);
         }
         for x in &r.results {
             match out.results.iter_mut().find(|o| o.config == x.config) {

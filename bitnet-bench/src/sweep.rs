@@ -297,12 +297,6 @@ pub fn run_sweep(
     let mut peak_cases: Vec<(IsaLevel, usize)> = combos.iter().map(|c| (c.kernel.isa(), c.threads)).collect();
     peak_cases.sort();
     peak_cases.dedup();
-    let mut int8_peak_gmacs = BTreeMap::new();
-    for &(isa, t) in &peak_cases {
-        if let Some(g) = runner.int8_peak_gmacs(isa, t).context("compute probe")? {
-            int8_peak_gmacs.insert(peak_key(isa.name(), t), g);
-        }
-    }
     let mut report = Report {
         schema_version: SCHEMA_VERSION,
         complete: false,
@@ -321,10 +315,11 @@ pub fn run_sweep(
             threads: max_t,
             by_threads,
             probes_gbps,
-            int8_peak_gmacs,
+            int8_peak_gmacs: BTreeMap::new(),
         },
         results: Vec::new(),
     };
+    probe_peaks(runner, &peak_cases, &mut report.roofline, "compute probe")?;
     let mut quality_cache: BTreeMap<(String, usize), Quality> = BTreeMap::new();
     let total = combos.len();
     'combos: for (index, combo) in combos.iter().enumerate() {
@@ -380,12 +375,7 @@ pub fn run_sweep(
             report.roofline.probes_gbps.entry(key.clone()).or_default().push(gbps);
             report.roofline.raise(&key, gbps);
         }
-        for &(isa, t) in &peak_cases {
-            if let Some(g) = runner.int8_peak_gmacs(isa, t).context("compute probe after the runs")? {
-                let best = report.roofline.int8_peak_gmacs.entry(peak_key(isa.name(), t)).or_insert(0.0);
-                *best = best.max(g);
-            }
-        }
+        probe_peaks(runner, &peak_cases, &mut report.roofline, "compute probe after the runs")?;
         report.refresh_compute_fractions();
         for r in report.results.iter_mut().filter(|r| r.decode.step_fractions.is_empty()) {
             let bw = report.roofline.by_threads[&r.config.threads.to_string()];
@@ -394,6 +384,22 @@ pub fn run_sweep(
         }
     }
     Ok(report)
+}
+
+/// Probes the int8 peak of every (ISA, threads) in `cases` and raises `roofline`'s figures to
+/// what it measured (levels without a peak, scalar, are skipped).
+fn probe_peaks(
+    runner: &mut dyn Runner,
+    cases: &[(IsaLevel, usize)],
+    roofline: &mut Roofline,
+    what: &str,
+) -> Result<()> {
+    for &(isa, t) in cases {
+        if let Some(g) = runner.int8_peak_gmacs(isa, t).context(what.to_string())? {
+            roofline.raise_peak(&peak_key(isa.name(), t), g);
+        }
+    }
+    Ok(())
 }
 
 /// Bytes read per decode step × steps per second ÷ bandwidth (GB/s).
