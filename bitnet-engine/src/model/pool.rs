@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -143,7 +143,7 @@ impl WorkerPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let cores = if pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let cores = if pin { process_cores() } else { &[] };
         let mut pinned = pin && cores.len() >= threads;
         if pinned {
             pinned &= core_affinity::set_for_current(cores[0]);
@@ -334,6 +334,15 @@ impl Drop for WorkerPool {
             let _ = h.join();
         }
     }
+}
+
+/// The cores this process may run on, read once, before the first pinned pool pins its caller:
+/// the OS answers for the calling thread, and asked again on a caller pinned by an earlier
+/// pool it names that one core, which had left every later pinned pool of a sweep (and the
+/// probes beside it) unpinned without a word.
+fn process_cores() -> &'static [core_affinity::CoreId] {
+    static CORES: OnceLock<Vec<core_affinity::CoreId>> = OnceLock::new();
+    CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default())
 }
 
 /// Units `[start, end)` of thread `i` when `units` are shared by `threads`, boundaries on
@@ -530,6 +539,26 @@ mod tests {
         });
         assert!(a.iter().enumerate().all(|(j, v)| *v == j));
         assert!(b.iter().enumerate().all(|(j, v)| *v == 1000 + j));
+    }
+
+    #[test]
+    fn a_pinned_pool_after_another_on_the_same_thread_is_pinned_too() {
+        // Asked on a fresh thread, before anything pinned it.
+        std::thread::spawn(|| {
+            let cores = core_affinity::get_core_ids().map_or(0, |c| c.len());
+            if cores < 2 {
+                eprintln!("skipped: fewer than 2 cores to pin to");
+                return;
+            }
+            let first = WorkerPool::new(2, true).unwrap();
+            // Where the OS refuses pinning altogether, both are unpinned alike.
+            let can = first.pinned();
+            drop(first);
+            assert_eq!(WorkerPool::new(2, true).unwrap().pinned(), can, "the caller's own pin hid the other cores");
+            assert!(!WorkerPool::new(2, false).unwrap().pinned());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
