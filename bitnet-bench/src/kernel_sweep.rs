@@ -220,7 +220,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
     if opts.batches.contains(&0) {
         bail!("--batch: batch sizes must be ≥ 1, got {:?}", opts.batches);
     }
-    let mut probes = vec![measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?];
+    let mut probes = vec![measure_read_bandwidth(opts.probe_bytes, 1, 5, false).context("bandwidth probe")?];
     let mut levels: Vec<IsaLevel> = opts.kernels.iter().map(|k| k.isa()).collect();
     if opts.head.is_some() {
         for &isa in &opts.head_isas {
@@ -232,7 +232,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
     let peaks = levels
         .into_iter()
         .filter(|&isa| compute_peak::loop_of(isa).is_some())
-        .map(|isa| compute_peak::measure_int8_peak(isa, 1, 5).context("compute probe"))
+        .map(|isa| compute_peak::measure_int8_peak(isa, 1, 5, false).context("compute probe"))
         .collect::<Result<Vec<_>>>()?;
     let mut results = Vec::new();
     let mut scratch = KernelScratch::new();
@@ -305,7 +305,7 @@ pub fn run(opts: &SweepOptions, mut progress: impl FnMut(&KernelResult)) -> Resu
             results.push(r);
         })?;
     }
-    probes.push(measure_read_bandwidth(opts.probe_bytes, 1, 5).context("bandwidth probe")?);
+    probes.push(measure_read_bandwidth(opts.probe_bytes, 1, 5, false).context("bandwidth probe")?);
     Ok(SweepReport { probes, peaks, results })
 }
 

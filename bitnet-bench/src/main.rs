@@ -93,7 +93,7 @@ struct SweepArgs {
     /// Print nothing but errors.
     #[arg(long)]
     quiet: bool,
-    /// Pin threads to cores.
+    /// Pin threads to cores: the decode's and the bandwidth and compute probes' alike.
     #[arg(long)]
     pin: bool,
     /// Append the report to this SQLite history database (created if missing).

@@ -697,14 +697,14 @@ impl Runner for EngineRunner {
     }
 
     fn bandwidth_gbps(&mut self, threads: usize) -> Result<f64> {
-        Ok(measure_read_bandwidth(self.probe_bytes, threads, 5)?.best_gbps)
+        Ok(measure_read_bandwidth(self.probe_bytes, threads, 5, self.pin)?.best_gbps)
     }
 
     fn int8_peak_gmacs(&mut self, isa: IsaLevel, threads: usize) -> Result<Option<f64>> {
         if compute_peak::loop_of(isa).is_none() {
             return Ok(None);
         }
-        Ok(Some(compute_peak::measure_int8_peak(isa, threads, 5)?.best_gmacs))
+        Ok(Some(compute_peak::measure_int8_peak(isa, threads, 5, self.pin)?.best_gmacs))
     }
 
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared> {

@@ -24,6 +24,9 @@ pub struct BandwidthReport {
     pub pass_gbps: Vec<f64>,
     /// Checksum of the data read, so the reads cannot be optimised away (and for tests).
     pub checksum: u64,
+    /// Whether the reader threads were pinned to cores (asked for and possible), as a pinned
+    /// decode's are: a probe on free-floating threads is not the bus a pinned run reads.
+    pub pinned: bool,
 }
 
 /// A buffer of `bytes` (rounded up to 64) filled with a non-constant pattern.
@@ -87,15 +90,16 @@ impl ProbeBuffer {
         (sum, self.bytes() as f64 / (end - start).as_secs_f64().max(1e-9) / 1e9)
     }
 
-    /// Reads the whole buffer with `threads` threads, `passes` times (plus one warm-up).
-    pub fn measure(&self, threads: usize, passes: usize) -> Result<BandwidthReport> {
+    /// Reads the whole buffer with `threads` threads, `passes` times (plus one warm-up); with
+    /// `pin`, on threads pinned as a pinned decode's pool pins them.
+    pub fn measure(&self, threads: usize, passes: usize, pin: bool) -> Result<BandwidthReport> {
         if threads == 0 || passes == 0 {
             return Err(Error::Shape(format!(
                 "bandwidth probe needs threads ≥ 1 and passes ≥ 1, got {threads} and {passes}"
             )));
         }
         // A persistent pool, as the decode has, its threads spinning between passes.
-        let pool = crate::model::pool::WorkerPool::new(threads, false)?;
+        let pool = crate::model::pool::WorkerPool::new(threads, pin)?;
         let mut pass_gbps = Vec::with_capacity(passes);
         let mut checksum = 0;
         for pass in 0..=passes {
@@ -106,13 +110,22 @@ impl ProbeBuffer {
             }
         }
         let best_gbps = pass_gbps.iter().copied().fold(0.0, f64::max);
-        Ok(BandwidthReport { bytes: self.bytes(), threads, passes, best_gbps, pass_gbps, checksum })
+        Ok(BandwidthReport {
+            bytes: self.bytes(),
+            threads,
+            passes,
+            best_gbps,
+            pass_gbps,
+            checksum,
+            pinned: pool.pinned(),
+        })
     }
 }
 
-/// Probes with a fresh buffer of `bytes` (use ≥ 1 GiB for a DRAM figure).
-pub fn measure_read_bandwidth(bytes: usize, threads: usize, passes: usize) -> Result<BandwidthReport> {
-    ProbeBuffer::new(bytes)?.measure(threads, passes)
+/// Probes with a fresh buffer of `bytes` (use ≥ 1 GiB for a DRAM figure); `pin` as
+/// [`ProbeBuffer::measure`].
+pub fn measure_read_bandwidth(bytes: usize, threads: usize, passes: usize, pin: bool) -> Result<BandwidthReport> {
+    ProbeBuffer::new(bytes)?.measure(threads, passes, pin)
 }
 
 /// Default probe size: 1 GiB, 32× the largest L3 on the machines we target.
@@ -151,15 +164,17 @@ mod tests {
     fn probe_reads_everything_and_reports_positive_rates() {
         let buf = ProbeBuffer::new(1 << 20).unwrap();
         let expect = sum_words_portable(&buf.words);
-        for threads in [1, 2, 3] {
-            let r = buf.measure(threads, 2).unwrap();
+        for (threads, pin) in [(1, false), (2, false), (3, false), (1, true), (2, true)] {
+            let r = buf.measure(threads, 2, pin).unwrap();
             assert_eq!(r.checksum, expect);
+            // Pinned exactly when asked and the machine lets a pool pin that many threads.
+            assert_eq!(r.pinned, pin && crate::model::pool::WorkerPool::new(threads, true).unwrap().pinned());
             assert_eq!(r.pass_gbps.len(), 2);
             assert!(r.best_gbps > 0.0 && r.pass_gbps.iter().all(|g| *g <= r.best_gbps));
             let (sum, gbps) = buf.read_gbps_on(&crate::model::pool::WorkerPool::new(threads, false).unwrap());
             assert_eq!(sum, expect);
             assert!(gbps > 0.0 && gbps.is_finite());
         }
-        assert!(buf.measure(0, 1).is_err());
+        assert!(buf.measure(0, 1, false).is_err());
     }
 }

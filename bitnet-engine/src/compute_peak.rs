@@ -7,21 +7,21 @@
 //! kernels do before they widen — so nothing but the instructions' throughput limits it, and
 //! the best of several passes is reported. A kernel's multiply-adds (weights ×
 //! tokens) per second over this rate is the share of the core's int8 arithmetic it uses. The
-//! `tq1` lookup forms (`lut`, `perm`) multiply nothing; quoted against the same rate, their
-//! figure is what an int8 kernel would need to match them.
+//! `tq1` lookup forms (`lut`, `perm`) and `xnor` (AND and popcount) multiply nothing; quoted
+//! against the same rate, their figure is what an int8 kernel would need to match them.
 
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::cpu::IsaLevel;
 use crate::error::{Error, Result};
+use crate::model::pool::WorkerPool;
 
 /// The result of a compute probe.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ComputePeakReport {
     /// The level whose int8 product ran.
     pub isa: IsaLevel,
-    /// Threads running the loop at once (spawned for the probe, unpinned).
+    /// Threads running the loop at once (a worker pool's, the caller one of them).
     pub threads: usize,
     /// Passes timed (after one untimed calibration pass).
     pub passes: usize,
@@ -33,6 +33,8 @@ pub struct ComputePeakReport {
     pub pass_gmacs: Vec<f64>,
     /// The instruction sequence measured, for people reading a report.
     pub instruction: &'static str,
+    /// Whether the threads were pinned to cores (asked for and possible).
+    pub pinned: bool,
 }
 
 /// Multiply-adds of one round of the probe's loop at `isa` and the instructions that do them;
@@ -56,33 +58,34 @@ fn operands() -> ([u8; 64], [i8; 64]) {
     (a, b)
 }
 
-/// Runs the probe's loop `rounds` times on each of `threads` threads, released together;
-/// returns the seconds from the first thread's start to the last one's end.
-fn timed_pass(isa: IsaLevel, threads: usize, rounds: u64) -> Result<f64> {
+/// Runs the probe's loop `rounds` times on every thread of `pool` (released together by one
+/// dispatch, as a decode step's matmul is); returns the seconds from the first thread's start
+/// to the last one's end.
+fn timed_pass(pool: &WorkerPool, isa: IsaLevel, rounds: u64) -> Result<f64> {
     let (a, b) = operands();
-    let start = Barrier::new(threads);
-    let spans = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    start.wait();
-                    let t0 = Instant::now();
-                    let sums = crate::kernels::int8_mac_chains(isa, rounds, &a, &b)?;
-                    std::hint::black_box(sums);
-                    Ok::<_, Error>((t0, Instant::now()))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("compute probe thread panicked")).collect::<Result<Vec<_>>>()
+    let mut spans = vec![None; pool.threads()];
+    let mut scratch = vec![(); pool.threads()];
+    pool.split(&mut spans, 1, 1, &mut scratch, |_, span, _| {
+        let t0 = Instant::now();
+        // `measure_int8_peak` ran the loop at this level before: it cannot fail here.
+        span[0] = crate::kernels::int8_mac_chains(isa, rounds, &a, &b).ok().map(|sums| {
+            std::hint::black_box(sums);
+            (t0, Instant::now())
+        });
+    });
+    let spans = spans.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+        Error::Unsupported(format!("the int8 compute probe: a thread could not run the {} loop", isa.name()))
     })?;
     let first = spans.iter().map(|s| s.0).min().expect("at least one thread");
     let last = spans.iter().map(|s| s.1).max().expect("at least one thread");
     Ok(last.duration_since(first).as_secs_f64().max(1e-9))
 }
 
-/// Measures the int8 multiply-add peak of `threads` threads at `isa`: one calibration pass
-/// sizes the passes to about 25 ms each, then the best of `passes` (≥ 1) is reported.
-pub fn measure_int8_peak(isa: IsaLevel, threads: usize, passes: usize) -> Result<ComputePeakReport> {
+/// Measures the int8 multiply-add peak of `threads` threads at `isa`: one calibration pass on
+/// the calling thread sizes the passes to about 25 ms each, then the best of `passes` (≥ 1) is
+/// reported. The threads are a worker pool's, pinned to cores with `pin` (where possible) as a
+/// pinned decode's are.
+pub fn measure_int8_peak(isa: IsaLevel, threads: usize, passes: usize, pin: bool) -> Result<ComputePeakReport> {
     if threads == 0 || passes == 0 {
         return Err(Error::Shape(format!(
             "compute probe needs at least one thread and one pass, got {threads} threads and {passes} passes"
@@ -93,15 +96,29 @@ pub fn measure_int8_peak(isa: IsaLevel, threads: usize, passes: usize) -> Result
             "the int8 compute probe: the scalar level has no SIMD int8 product to measure".into(),
         ));
     };
+    let pool = WorkerPool::new(threads, pin)?;
     const CALIBRATION_ROUNDS: u64 = 1 << 16;
-    let secs = timed_pass(isa, 1, CALIBRATION_ROUNDS)?;
+    let (a, b) = operands();
+    let t0 = Instant::now();
+    // Also where a level this CPU lacks is refused, before any pass.
+    std::hint::black_box(crate::kernels::int8_mac_chains(isa, CALIBRATION_ROUNDS, &a, &b)?);
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
     let rounds = ((PASS_TIME.as_secs_f64() / secs * CALIBRATION_ROUNDS as f64) as u64).clamp(1 << 10, 1 << 32);
     let macs_per_pass = macs_per_round * rounds * threads as u64;
     let pass_gmacs = (0..passes)
-        .map(|_| Ok(macs_per_pass as f64 / timed_pass(isa, threads, rounds)? / 1e9))
+        .map(|_| Ok(macs_per_pass as f64 / timed_pass(&pool, isa, rounds)? / 1e9))
         .collect::<Result<Vec<f64>>>()?;
     let best_gmacs = pass_gmacs.iter().copied().fold(0.0, f64::max);
-    Ok(ComputePeakReport { isa, threads, passes, macs_per_pass, best_gmacs, pass_gmacs, instruction })
+    Ok(ComputePeakReport {
+        isa,
+        threads,
+        passes,
+        macs_per_pass,
+        best_gmacs,
+        pass_gmacs,
+        instruction,
+        pinned: pool.pinned(),
+    })
 }
 
 #[cfg(test)]
@@ -148,20 +165,21 @@ mod tests {
     fn the_probe_reports_every_pass_and_refuses_what_it_cannot_measure() {
         for isa in [IsaLevel::Avx2, IsaLevel::Avx512] {
             if !isa.is_supported() {
-                assert!(measure_int8_peak(isa, 1, 1).is_err());
+                assert!(measure_int8_peak(isa, 1, 1, false).is_err());
                 continue;
             }
-            for threads in [1, 2] {
-                let r = measure_int8_peak(isa, threads, 2).unwrap();
+            for (threads, pin) in [(1, false), (2, false), (2, true)] {
+                let r = measure_int8_peak(isa, threads, 2, pin).unwrap();
                 assert_eq!((r.isa, r.threads, r.passes, r.pass_gmacs.len()), (isa, threads, 2, 2));
+                assert_eq!(r.pinned, pin && WorkerPool::new(threads, true).unwrap().pinned());
                 assert_eq!(r.macs_per_pass % (loop_of(isa).unwrap().0 * threads as u64), 0);
                 assert!(r.best_gmacs > 0.0 && r.best_gmacs.is_finite());
                 assert!(r.pass_gmacs.iter().all(|g| *g <= r.best_gmacs));
             }
         }
-        let err = measure_int8_peak(IsaLevel::Scalar, 1, 1).unwrap_err().to_string();
+        let err = measure_int8_peak(IsaLevel::Scalar, 1, 1, false).unwrap_err().to_string();
         assert!(err.contains("scalar"), "{err}");
-        assert!(measure_int8_peak(IsaLevel::best(), 0, 1).is_err());
-        assert!(measure_int8_peak(IsaLevel::best(), 1, 0).is_err());
+        assert!(measure_int8_peak(IsaLevel::best(), 0, 1, false).is_err());
+        assert!(measure_int8_peak(IsaLevel::best(), 1, 0, false).is_err());
     }
 }

@@ -482,7 +482,7 @@ fn compute_report(spans: &Spans, model: &Model, kernel: Kernel, opts: &TraceOpti
     let Some((_, instruction)) = compute_peak::loop_of(kernel.isa()) else {
         return Ok(None);
     };
-    let peak = compute_peak::measure_int8_peak(kernel.isa(), opts.threads, 3).context("compute probe")?;
+    let peak = compute_peak::measure_int8_peak(kernel.isa(), opts.threads, 3, opts.pin).context("compute probe")?;
     let per_thread = peak.best_gmacs / opts.threads as f64;
     let (linear, head) = (model.weights.linear_macs_per_token(), model.weights.head_macs_per_token());
     let (b, ctx, steps) = (opts.batch as u64, opts.context_length as u64, opts.tokens as u64);
