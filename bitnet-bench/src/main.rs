@@ -486,7 +486,7 @@ fn run_model(a: RunCmd) -> Result<()> {
         out.prefill_secs * 1e3,
         a.tokens.len() as f64 / out.prefill_secs,
     );
-    let mib = out.bytes_read_per_token as f64 / (1 << 20) as f64;
+    let mib = out.bytes_read_per_step as f64 / (1 << 20) as f64;
     if out.decode_steps == 0 {
         // The one new token came from the prefill's logits: there is no decode rate to print.
         eprintln!(
@@ -495,7 +495,7 @@ fn run_model(a: RunCmd) -> Result<()> {
     } else {
         let decode_tps = out.decode_steps as f64 / out.decode_secs;
         // Weights are read once per step for the whole batch.
-        let gbps = out.bytes_read_per_token as f64 * decode_tps / a.batch as f64 / 1e9;
+        let gbps = out.bytes_read_per_step as f64 * decode_tps / a.batch as f64 / 1e9;
         eprintln!(
             "{prefill}; decode {} steps {decode_tps:.1} tok/s ({:.2} ms/token); weights read per step {mib:.1} MiB → {gbps:.1} GB/s",
             out.decode_steps,

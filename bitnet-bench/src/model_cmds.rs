@@ -146,7 +146,8 @@ pub struct RunOutcome {
     pub prefill_secs: f64,
     pub decode_secs: f64,
     pub decode_steps: usize,
-    pub bytes_read_per_token: usize,
+    /// Bytes a decode step reads (weights, read once per step for the whole batch).
+    pub bytes_read_per_step: usize,
     pub kernel: Kernel,
 }
 
@@ -227,7 +228,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         prefill_secs,
         decode_secs,
         decode_steps: steps,
-        bytes_read_per_token: model.weights.bytes_read_per_token_by(a.kernel),
+        bytes_read_per_step: model.weights.bytes_read_per_step_by(a.kernel, 1),
         kernel: st.kernel(&model),
     })
 }
@@ -269,7 +270,7 @@ fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
         prefill_secs: prefill_secs / b as f64,
         decode_secs: t1.elapsed().as_secs_f64() / b as f64,
         decode_steps: steps,
-        bytes_read_per_token: model.weights.bytes_read_per_token_by(a.kernel),
+        bytes_read_per_step: model.weights.bytes_read_per_step_by(a.kernel, b),
         kernel: st.kernel(model),
     })
 }

@@ -222,18 +222,30 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// CSV: one row per combination, machine-friendly units in the header.
+/// The CSV's header: machine-friendly units in the column names.
+pub const CSV_HEADER: &str = "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction";
+
+/// CSV: one row per combination ([`csv_cells`], quoted where needed), [`CSV_HEADER`] first.
 pub fn csv(r: &Report) -> String {
-    let mut o = String::from(
-        "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction\n",
-    );
+    let mut o = format!("{CSV_HEADER}\n");
+    for cells in csv_cells(r) {
+        let quoted: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+        let _ = writeln!(o, "{}", quoted.join(","));
+    }
+    o
+}
+
+/// Each result's CSV cells, unquoted, in [`CSV_HEADER`]'s order (for pages that show the same
+/// table: a model name may hold a comma).
+pub fn csv_cells(r: &Report) -> Vec<Vec<String>> {
+    let mut rows = Vec::with_capacity(r.results.len());
     for x in &r.results {
         let c = &x.config;
         let (kl, top1) = x.quality.as_ref().map_or((String::new(), String::new()), |q| {
             (format!("{}", q.kl_divergence), format!("{}", q.top1_agreement))
         });
-        let fields = [
-            csv_field(&c.model),
+        let fields = vec![
+            c.model.clone(),
             c.kernel.clone(),
             c.isa.clone(),
             c.threads.to_string(),
@@ -259,9 +271,9 @@ pub fn csv(r: &Report) -> String {
             x.decode.compute_fraction.map_or(String::new(), |f| format!("{f}")),
             x.prefill.compute_fraction.map_or(String::new(), |f| format!("{f}")),
         ];
-        let _ = writeln!(o, "{}", fields.join(","));
+        rows.push(fields);
     }
-    o
+    rows
 }
 
 /// Several reports shown as one (`bitnet-bench show`: ours beside an imported llama-bench run,

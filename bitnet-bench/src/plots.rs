@@ -298,11 +298,12 @@ pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path) -
         html.push_str(&format!("<p>{}</p>\n", escape(h)));
     }
     html.push_str("<table>\n");
-    for (i, line) in crate::output::csv(r).lines().enumerate() {
+    let header = crate::output::CSV_HEADER.split(',').map(str::to_string).collect();
+    for (i, cells) in std::iter::once(header).chain(crate::output::csv_cells(r)).enumerate() {
         let tag = if i == 0 { "th" } else { "td" };
         html.push_str("<tr>");
-        for cell in line.split(',') {
-            html.push_str(&format!("<{tag}>{}</{tag}>", escape(cell.trim_matches('"'))));
+        for cell in &cells {
+            html.push_str(&format!("<{tag}>{}</{tag}>", escape(cell)));
         }
         html.push_str("</tr>\n");
     }

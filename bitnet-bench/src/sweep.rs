@@ -733,7 +733,7 @@ impl Runner for EngineRunner {
         // on average ctx + (max_new + 1)/2.
         let kv_bytes_per_position = combo.batch as u64 * combo.kv.bytes_per_token(cfg) as u64;
         let twice_mean_rows = 2 * combo.context_length as u64 + max_new as u64 + 1;
-        let bytes_per_step = self.model.weights.bytes_read_per_token_by(Some(combo.kernel)) as u64
+        let bytes_per_step = self.model.weights.bytes_read_per_step_by(Some(combo.kernel), combo.batch) as u64
             + kv_bytes_per_position * twice_mean_rows / 2;
         let prepared = Prepared {
             weight_bytes: self.model_info().weight_bytes,

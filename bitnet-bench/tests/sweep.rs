@@ -381,6 +381,27 @@ fn charts_and_page_are_written_for_a_report() {
 }
 
 #[test]
+fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
+    let mut r = sweep(None);
+    for x in &mut r.results {
+        x.config.model = "bitnet, \"2B\"".into();
+    }
+    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-comma-{}", std::process::id()));
+    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    let columns = output::CSV_HEADER.split(',').count();
+    let rows: Vec<&str> = html.lines().filter(|l| l.starts_with("<tr><td>")).collect();
+    assert_eq!(rows.len(), r.results.len());
+    for row in rows {
+        assert_eq!(row.matches("<td>").count(), columns, "{row}");
+        assert!(row.starts_with("<tr><td>bitnet, \"2B\"</td><td>i2s</td>"), "{row}");
+    }
+    // The CSV quotes it: a CSV reader gets the same cells.
+    assert!(output::csv(&r).lines().nth(1).unwrap().starts_with("\"bitnet, \"\"2B\"\"\",i2s,"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn the_latency_chart_draws_every_kv_precision_at_the_smallest_batch() {
     let latency = |r: &Report| {
         let charts = bitnet_bench::plots::charts(r).unwrap();
@@ -481,10 +502,33 @@ fn bytes_per_step_is_the_mean_over_the_steps_kv_positions() {
     let cfg = &runner.model().config;
     let kv_pp = 2 * KvPrecision::Int8.bytes_per_token(cfg) as u64;
     assert_eq!(p.kv_bytes_per_position, kv_pp);
-    let weights = runner.model().weights.bytes_read_per_token_by(Some(kernel)) as u64;
+    let weights = runner.model().weights.bytes_read_per_step_by(Some(kernel), 2) as u64;
     // Rows read: 9, 10, 11, 12; mean 10.5.
     assert_eq!(p.bytes_per_step, weights + kv_pp * 21 / 2);
     assert_eq!(p.repack_bytes, 0);
+}
+
+#[test]
+fn a_lookup_form_above_its_batch_limit_counts_the_blocks_the_fused_form_reads() {
+    // Batches over LUT_MAX_BATCH run the fused form (`Kernel::for_batch`), which reads the
+    // TQ1_0 blocks, not the lookup repack: the step's bytes must say so.
+    let spec = SweepSpec { model: "tiny".into(), threads: vec![1], kernels: vec![KernelFamily::Tq1], ..spec() };
+    let mut runner = bitnet_bench::sweep::EngineRunner::load(&spec).unwrap();
+    let Ok(lut) = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut) else {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    };
+    let fused = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Fused).unwrap();
+    let max = bitnet_engine::kernels::LUT_MAX_BATCH;
+    for (batch, runs) in [(1, lut), (max, lut), (max + 1, fused)] {
+        let combo = Combo { kernel: lut, batch, context_length: 8, kv: KvPrecision::F16, threads: 1 };
+        let p = runner.prepare(&combo, 4).unwrap();
+        let weights = runner.model().weights.bytes_read_per_step_by(Some(runs), 1) as u64;
+        assert_eq!(p.bytes_per_step, weights + p.kv_bytes_per_position * 21 / 2, "batch {batch}");
+    }
+    let w = &runner.model().weights;
+    assert_ne!(w.bytes_read_per_step_by(Some(lut), 1), w.bytes_read_per_step_by(Some(fused), 1));
+    assert_eq!(w.bytes_read_per_step_by(Some(lut), max + 1), w.bytes_read_per_step_by(Some(fused), 1));
 }
 
 #[test]
@@ -502,7 +546,7 @@ fn the_avx2_tq2_kernel_reports_its_code_copy() {
     let w = &runner.model().weights;
     assert_eq!(p.repack_bytes as usize * 66, w.linear_bytes() * 64);
     let split = Kernel::new(KernelFamily::Tq2, IsaLevel::Avx2, KernelForm::Split).unwrap();
-    let read = |k| w.bytes_read_per_token_by(Some(k));
+    let read = |k| w.bytes_read_per_step_by(Some(k), 1);
     assert_eq!(read(split) - read(kernel), w.linear_bytes() - p.repack_bytes as usize);
 }
 

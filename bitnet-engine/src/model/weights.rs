@@ -102,12 +102,18 @@ impl Weights {
         });
     }
 
-    /// Bytes a decode step reads with the kernels `forced` (or the best for each format):
-    /// [`Weights::bytes_read_per_token`] with each linear counted as its kernel reads it (the
-    /// `lut` form reads TQ1_0's repack).
-    pub fn bytes_read_per_token_by(&self, forced: Option<Kernel>) -> usize {
-        let linear: usize =
-            self.layers.iter().flat_map(|l| l.linears()).map(|w| Kernel::for_weights(forced, w).bytes_read(w)).sum();
+    /// Weight bytes a decode step of `batch` tokens reads with the kernels `forced` (or the best
+    /// for each format): [`Weights::bytes_read_per_token`] with each linear counted as the
+    /// kernel that runs that batch reads it (the `lut` and `perm` forms read TQ1_0's repack up
+    /// to [`LUT_MAX_BATCH`](crate::kernels::LUT_MAX_BATCH) tokens and hand larger batches to
+    /// the fused form, which reads the blocks).
+    pub fn bytes_read_per_step_by(&self, forced: Option<Kernel>, batch: usize) -> usize {
+        let linear: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .map(|w| Kernel::for_weights(forced, w).for_batch(batch).bytes_read(w))
+            .sum();
         self.bytes_read_per_token() - self.linear_bytes() + linear
     }
 
