@@ -27,21 +27,29 @@ pub struct Stat {
     pub samples: Vec<f64>,
 }
 
-/// Two-sided 97.5% quantiles of Student's t for 1..=30 degrees of freedom.
+/// The 0.975 quantiles of Student's t (the bounds of a two-sided 95% interval) for 1..=30
+/// degrees of freedom.
 const T975: [f64; 30] = [
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
     2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 ];
 
-/// t quantile for a 95% interval with `df` degrees of freedom (normal beyond 120).
+/// t quantile for a 95% interval with `df` degrees of freedom: the table up to 30, beyond it
+/// the Cornish–Fisher expansion of t around the normal quantile in powers of 1/df, which is
+/// within 10⁻⁵ there (a table by brackets had rounded t(31) = 2.040 down to 2.021).
 pub fn t975(df: usize) -> f64 {
     match df {
         0 => f64::NAN,
         1..=30 => T975[df - 1],
-        31..=40 => 2.021,
-        41..=60 => 2.000,
-        61..=120 => 1.980,
-        _ => 1.960,
+        _ => {
+            let (z, v) = (1.959_963_984_540_054_f64, df as f64);
+            let g1 = (z.powi(3) + z) / 4.0;
+            let g2 = (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / 96.0;
+            let g3 = (3.0 * z.powi(7) + 19.0 * z.powi(5) + 17.0 * z.powi(3) - 15.0 * z) / 384.0;
+            let g4 =
+                (79.0 * z.powi(9) + 776.0 * z.powi(7) + 1482.0 * z.powi(5) - 1920.0 * z.powi(3) - 945.0 * z) / 92160.0;
+            z + g1 / v + g2 / v.powi(2) + g3 / v.powi(3) + g4 / v.powi(4)
+        }
     }
 }
 
@@ -91,6 +99,18 @@ mod tests {
         let half = 2.365 * s.stddev / 8f64.sqrt();
         assert!((s.ci95_low - (5.0 - half)).abs() < 1e-12 && (s.ci95_high - (5.0 + half)).abs() < 1e-12);
         assert_eq!(s.samples.len(), 8);
+    }
+
+    #[test]
+    fn t_quantiles_beyond_the_table_match_published_values() {
+        // t(0.975, df) from standard tables (six decimals).
+        for (df, t) in [(31, 2.039513), (40, 2.021075), (60, 2.000298), (120, 1.979930), (1000, 1.962339)] {
+            assert!((t975(df) - t).abs() < 2e-6, "df {df}: {} vs {t}", t975(df));
+        }
+        // The expansion continues the table (t(30) = 2.042272) and keeps falling.
+        assert!((t975(31) - 2.042).abs() < 3e-3 && t975(31) < t975(30));
+        assert!((31..500).all(|df| t975(df + 1) < t975(df) && t975(df) > 1.959963));
+        assert!(t975(0).is_nan());
     }
 
     #[test]
