@@ -85,7 +85,8 @@ pub struct Settings {
 pub struct Roofline {
     /// Read bandwidth (GB/s, 10^9 bytes/s) with `threads` threads (the most threads of the
     /// sweep): the higher of the probes before and after the runs, each the best of several
-    /// passes over 1 GiB. The higher one, so a roofline fraction is never flattered by a probe
+    /// passes over a 1 GiB buffer (64 MiB with `--quick`, which can read partly from a large
+    /// last-level cache). The higher one, so a roofline fraction is never flattered by a probe
     /// that ran while the machine was slow.
     pub read_bandwidth_gbps: f64,
     /// Threads of that probe.
@@ -284,7 +285,9 @@ pub struct Decode {
     /// Decode's share of the int8 compute peak: macs_per_step × steps per second (median)
     /// ÷ the roofline section's `int8_peak_gmacs` for the same ISA and threads. Batch decode
     /// is bound by it as batch-1 decode is by the bandwidth; absent where there is no peak
-    /// (scalar kernels, older and imported reports).
+    /// (scalar kernels, older and imported reports). The `tq1` lookup forms and `xnor`
+    /// (AND and popcount) multiply nothing: their figure is what an int8 kernel would need
+    /// to match them, not a share of arithmetic used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_fraction: Option<f64>,
 }
