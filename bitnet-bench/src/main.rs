@@ -93,7 +93,8 @@ struct SweepArgs {
     /// Print nothing but errors.
     #[arg(long)]
     quiet: bool,
-    /// Pin threads to cores: the decode's and the bandwidth and compute probes' alike.
+    /// Pin threads to cores: the decode's and the bandwidth and compute probes' alike (an
+    /// error where this process may run on fewer cores than --threads).
     #[arg(long)]
     pin: bool,
     /// Append the report to this SQLite history database (created if missing).

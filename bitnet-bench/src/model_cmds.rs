@@ -154,6 +154,10 @@ pub struct RunOutcome {
 /// Generation (greedy unless a temperature is given); with `logits_out`, one row of logits
 /// per fed and generated token.
 pub fn run(a: &RunArgs) -> Result<RunOutcome> {
+    if a.pin {
+        bitnet_engine::model::pool::check_pinnable(a.threads)
+            .map_err(|e| anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", a.threads))?;
+    }
     let (model, _source) = load(&a.model, a.format, a.seed, a.threads)?;
     let cfg = model.config.clone();
     if a.tokens.is_empty() {

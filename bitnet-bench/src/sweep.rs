@@ -202,6 +202,10 @@ pub fn preflight(spec: &SweepSpec, runner: &dyn Runner, combos: &[Combo]) -> Res
             bail!("{flag} must be at least 1");
         }
     }
+    for t in spec.threads.iter().filter(|_| spec.pin) {
+        bitnet_engine::model::pool::check_pinnable(*t)
+            .map_err(|e| anyhow::anyhow!("--pin with --threads {t}: {e} (lower --threads or drop --pin)"))?;
+    }
     let max = runner.max_context();
     if let Some(c) = spec.context_lengths.iter().find(|c| **c + spec.max_new_tokens > max) {
         bail!(

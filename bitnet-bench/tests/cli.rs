@@ -171,6 +171,7 @@ fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
         (vec!["run", "--model", "tiny", "--tokens", "1", "--logits-out", "/nonexistent-dir/x.json"], "--logits-out"),
         (vec!["run", "--model", "tiny", "--tokens", "1", "--save-gguf", f, "--save-format", "i2"], "TQ2_0"),
         (vec!["inspect", "bitnet-b1.58-3b", "--format", "tq2_0"], "3200"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--pin", "--threads", "4097"], "--pin with --threads 4097"),
     ] {
         let out = bench().args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

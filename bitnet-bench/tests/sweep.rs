@@ -509,6 +509,23 @@ fn bytes_per_step_is_the_mean_over_the_steps_kv_positions() {
 }
 
 #[test]
+fn pinning_more_threads_than_cores_is_refused_before_anything_runs() {
+    let stop = AtomicBool::new(false);
+    let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: None };
+    let cores = bitnet_engine::model::pool::pinnable_cores();
+    let s = SweepSpec { pin: true, threads: vec![1, cores + 1], ..spec() };
+    let e = run_sweep(&s, &mut runner, &stop, |_| Ok(())).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("--pin with --threads {}", cores + 1)) && e.contains(&format!("{cores} core(s)")),
+        "{e}"
+    );
+    assert_eq!((runner.runs, runner.probes), (0, 0), "refused before any probe or run");
+    // Unpinned, the same threads are fine (the fake runner has no cores to share).
+    let s = SweepSpec { pin: false, threads: vec![1, cores + 1], quality_positions: 0, trace: false, ..spec() };
+    assert!(run_sweep(&s, &mut runner, &stop, |_| Ok(())).is_ok());
+}
+
+#[test]
 fn a_lookup_form_above_its_batch_limit_counts_the_blocks_the_fused_form_reads() {
     // Batches over LUT_MAX_BATCH run the fused form (`Kernel::for_batch`), which reads the
     // TQ1_0 blocks, not the lookup repack: the step's bytes must say so.

@@ -166,6 +166,11 @@ fn check(opts: &TraceOptions, model: &Model) -> Result<()> {
             bail!("{flag} must be at least 1");
         }
     }
+    if opts.pin {
+        bitnet_engine::model::pool::check_pinnable(opts.threads).map_err(|e| {
+            anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", opts.threads)
+        })?;
+    }
     let max = model.config.max_context;
     if opts.context_length + opts.tokens > max {
         bail!(

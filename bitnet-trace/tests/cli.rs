@@ -26,8 +26,9 @@ fn run(args: &[&str]) -> (i32, String, String) {
 fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
     let out = tmp("bad");
     let o = out.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--model", "tiny", "--kv", "int3", "--out", o], "int3"),
+        (&["--model", "tiny", "--pin", "--threads", "4097", "--out", o], "--pin with --threads 4097"),
         (&["--model", "tiny", "--kernel", "nope", "--out", o], "nope"),
         (&["--model", "no-such-model", "--out", o], "--model no-such-model"),
         (&["--model", "/nonexistent/m.gguf", "--out", o], "/nonexistent/m.gguf"),

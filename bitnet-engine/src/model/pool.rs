@@ -128,7 +128,9 @@ impl<'a, T> Blocks<'_, 'a, T> {
 
 impl WorkerPool {
     /// A pool of `threads` threads in all (the caller counts as one). With `pin`, thread i is
-    /// pinned to core i where the OS allows it (reported by [`WorkerPool::pinned`]).
+    /// pinned to the i-th core this process may run on, or the pool is an error naming why not
+    /// (fewer cores than threads, or the OS refusing): a run asked to be pinned is never
+    /// quietly measured unpinned.
     pub fn new(threads: usize, pin: bool) -> Result<Self> {
         if threads == 0 {
             return Err(Error::Shape("worker pool needs at least 1 thread".into()));
@@ -144,19 +146,31 @@ impl WorkerPool {
             wake: Condvar::new(),
         });
         let cores = if pin { process_cores() } else { &[] };
-        let mut pinned = pin && cores.len() >= threads;
-        if pinned {
-            pinned &= core_affinity::set_for_current(cores[0]);
+        if pin {
+            check_pinnable(threads)?;
         }
+        if pin && !core_affinity::set_for_current(cores[0]) {
+            return Err(Error::Unsupported(format!(
+                "pinning the calling thread to core {}: the OS refused",
+                cores[0].id
+            )));
+        }
+        // Workers that have tried to pin themselves, and those the OS refused.
+        let tried = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
         let mut handles = Vec::with_capacity(threads - 1);
         for i in 1..threads {
             let s = Arc::clone(&shared);
-            let core = if pinned { Some(cores[i]) } else { None };
+            let core = if pin { Some(cores[i]) } else { None };
+            let (tried, refused) = (Arc::clone(&tried), Arc::clone(&refused));
             let h = std::thread::Builder::new()
                 .name(format!("bitnet-worker-{i}"))
                 .spawn(move || {
                     if let Some(c) = core {
-                        core_affinity::set_for_current(c);
+                        if !core_affinity::set_for_current(c) {
+                            refused.fetch_add(1, SeqCst);
+                        }
+                        tried.fetch_add(1, SeqCst);
                     }
                     worker_loop(&s, i)
                 })
@@ -164,14 +178,27 @@ impl WorkerPool {
             handles.push(h);
         }
         let shares = (0..threads).map(|_| Share(AtomicU64::new(0))).collect();
-        Ok(Self { shared, handles, threads, pinned, shares })
+        let pool = Self { shared, handles, threads, pinned: pin, shares };
+        if pin {
+            while tried.load(SeqCst) < threads - 1 {
+                std::thread::yield_now();
+            }
+            if refused.load(SeqCst) > 0 {
+                // Dropping the pool stops and joins its workers.
+                return Err(Error::Unsupported(format!(
+                    "pinning {threads} threads to cores: the OS refused {} of the workers",
+                    refused.load(SeqCst)
+                )));
+            }
+        }
+        Ok(pool)
     }
 
     pub fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Whether threads were pinned to cores.
+    /// Whether threads were pinned to cores (as asked: pinning that fails is an error).
     pub fn pinned(&self) -> bool {
         self.pinned
     }
@@ -334,6 +361,23 @@ impl Drop for WorkerPool {
             let _ = h.join();
         }
     }
+}
+
+/// How many cores a pinned pool can use: the most threads [`WorkerPool::new`] can pin.
+pub fn pinnable_cores() -> usize {
+    process_cores().len()
+}
+
+/// Whether [`WorkerPool::new`] can pin `threads` threads, one to a core of this process; the
+/// error says why not, for tools to check their flags before any work.
+pub fn check_pinnable(threads: usize) -> Result<()> {
+    let cores = pinnable_cores();
+    if threads > cores {
+        return Err(Error::Unsupported(format!(
+            "pinning {threads} threads to cores: this process may run on {cores} core(s)"
+        )));
+    }
+    Ok(())
 }
 
 /// The cores this process may run on, read once, before the first pinned pool pins its caller:
@@ -546,19 +590,34 @@ mod tests {
         // Asked on a fresh thread, before anything pinned it.
         std::thread::spawn(|| {
             let cores = core_affinity::get_core_ids().map_or(0, |c| c.len());
+            assert_eq!(pinnable_cores(), cores);
             if cores < 2 {
                 eprintln!("skipped: fewer than 2 cores to pin to");
                 return;
             }
-            let first = WorkerPool::new(2, true).unwrap();
-            // Where the OS refuses pinning altogether, both are unpinned alike.
-            let can = first.pinned();
-            drop(first);
-            assert_eq!(WorkerPool::new(2, true).unwrap().pinned(), can, "the caller's own pin hid the other cores");
+            match WorkerPool::new(2, true) {
+                Ok(first) => {
+                    assert!(first.pinned());
+                    drop(first);
+                    let second = WorkerPool::new(2, true).expect("the caller's own pin hid the other cores");
+                    assert!(second.pinned());
+                }
+                // A machine whose OS refuses pinning: an error that says so, not a quiet
+                // unpinned pool.
+                Err(e) => assert!(e.to_string().contains("refused"), "{e}"),
+            }
             assert!(!WorkerPool::new(2, false).unwrap().pinned());
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn pinning_more_threads_than_cores_is_an_error_that_says_so() {
+        let n = pinnable_cores() + 1;
+        let e = WorkerPool::new(n, true).err().expect("more threads than cores cannot be pinned").to_string();
+        assert!(e.contains(&format!("pinning {n} threads")) && e.contains(&format!("{} core(s)", n - 1)), "{e}");
+        assert!(WorkerPool::new(n, false).is_ok());
     }
 
     #[test]
