@@ -1676,12 +1676,65 @@ compiled_for! {
     rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) = crate::model::ops::rms_norm_in_place_portable;
     softmax_in_place(scores: &mut [f32]) = crate::model::ops::softmax_in_place_portable;
     argmax(logits: &[f32]) -> u32 = crate::model::ops::argmax_portable;
-    attention_scores_encoded(precision: crate::model::KvPrecision, q: &[f32], keys: &[u8], scale: f32, out: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
+    attention_scores_encoded_compiled(precision: crate::model::KvPrecision, q: &[f32], keys: &[u8], scale: f32, out: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
         super::attention_scores_encoded_portable;
-    attention_weighted_sum_encoded(precision: crate::model::KvPrecision, w: &[f32], values: &[u8], o: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
+    attention_weighted_sum_encoded_compiled(precision: crate::model::KvPrecision, w: &[f32], values: &[u8], o: &mut [f32], ahead: &[u8], buf: &mut [f32]) =
         super::attention_weighted_sum_encoded_portable;
     decode_kv_rows(precision: crate::model::KvPrecision, bytes: &[u8], hd: usize, dst: &mut [f32]) =
         super::decode_kv_rows_portable;
+}
+
+/// [`super::attention_scores_encoded`]: int8 keys decoded as they are read ([`Int8Rows`]),
+/// the other encodings decoded a chunk at a time into `buf` first (the portable path).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_scores_encoded(
+    t: Avx512,
+    precision: crate::model::KvPrecision,
+    q: &[f32],
+    keys: &[u8],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[u8],
+    buf: &mut [f32],
+) {
+    let hd = q.len();
+    if precision != crate::model::KvPrecision::Int8 || hd == 0 {
+        return attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf);
+    }
+    assert!(precision.bytes_per_vector(hd) == hd + 2 && keys.len() >= out.len() * (hd + 2));
+    // SAFETY: the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives every one of
+    // the `out.len()` rows its `hd` codes and 2-byte scale inside `keys` (loads past a row's
+    // end are masked); `ahead` is only prefetched, which never faults.
+    unsafe { scores_int8(q, Int8Rows { p: keys.as_ptr(), hd }, scale, out, ahead) }
+}
+
+/// [`super::attention_weighted_sum_encoded`], as [`attention_scores_encoded`] splits it.
+pub(crate) fn attention_weighted_sum_encoded(
+    t: Avx512,
+    precision: crate::model::KvPrecision,
+    w: &[f32],
+    values: &[u8],
+    o: &mut [f32],
+    ahead: &[u8],
+    buf: &mut [f32],
+) {
+    let hd = o.len();
+    if precision != crate::model::KvPrecision::Int8 || hd == 0 {
+        return attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf);
+    }
+    assert!(precision.bytes_per_vector(hd) == hd + 2 && values.len() >= w.len() * (hd + 2));
+    // SAFETY: as for the scores, with `w.len()` rows of `values`.
+    unsafe { axpy_int8(w, Int8Rows { p: values.as_ptr(), hd }, o, ahead) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_int8(q: &[f32], keys: Int8Rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
+    scores_impl(q, keys, scale, out, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_int8(w: &[f32], values: Int8Rows, o: &mut [f32], ahead: &[u8]) {
+    axpy_impl(w, values, o, ahead)
 }
 
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
@@ -1760,11 +1813,93 @@ unsafe fn prefetch_kv_rows(base: *const u8, row_bytes: usize, from: usize, to: u
     }
 }
 
+/// Rows of cached keys or values as the single-head kernels read them. `load16` gives 16
+/// values of a row from dim `i` as f32 (`n` ≤ 16 valid, the rest 0), exactly the floats the
+/// portable decode makes, so every kernel over a source gives the portable path's bits.
+trait KvRowReader: Copy {
+    /// What a row's loads need, made once per row: its address, and int8's scale.
+    type Row: Copy;
+    /// Bytes from one row's start to the next's.
+    fn row_bytes(&self) -> usize;
+    fn base(&self) -> *const u8;
+    unsafe fn row(&self, r: usize) -> Self::Row;
+    unsafe fn load16(&self, row: Self::Row, i: usize, n: usize) -> __m512;
+}
+
+/// f32 or f16 rows of `hd` values, back to back.
+#[derive(Clone, Copy)]
+struct PlainRows<K> {
+    p: *const K,
+    hd: usize,
+}
+
+impl<K: Lanes> KvRowReader for PlainRows<K> {
+    type Row = *const K;
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.hd * std::mem::size_of::<K>()
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p as *const u8
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> *const K {
+        self.p.add(r * self.hd)
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, row: *const K, i: usize, n: usize) -> __m512 {
+        K::load16(row.add(i), n)
+    }
+}
+
+/// `KvPrecision::Int8` rows: `hd` codes, then the row's f16 scale. A value is its code times
+/// the scale in f32 (one rounding), as `KvPrecision::decode` makes it: decoded here as it is
+/// read instead of into a buffer first, which had left int8 attention compute-bound at half
+/// f16's speed on half its bytes (large, 2000 positions: 34 µs a head's scores against 18).
+#[derive(Clone, Copy)]
+struct Int8Rows {
+    p: *const u8,
+    hd: usize,
+}
+
+impl KvRowReader for Int8Rows {
+    type Row = (*const u8, f32);
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.hd + 2
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> (*const u8, f32) {
+        let row = self.p.add(r * (self.hd + 2));
+        let bits = std::ptr::read_unaligned(row.add(self.hd) as *const u16);
+        (row, f16_to_f32(bits))
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, (row, scale): (*const u8, f32), i: usize, n: usize) -> __m512 {
+        let codes = if n == 16 {
+            _mm_loadu_si128(row.add(i) as *const __m128i)
+        } else {
+            _mm_maskz_loadu_epi8(((1u32 << n) - 1) as __mmask16, row.add(i) as *const i8)
+        };
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(scale))
+    }
+}
+
+/// An f16's bits as f32, exactly (F16C).
 #[inline(always)]
-unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+unsafe fn f16_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+unsafe fn scores_impl<R: KvRowReader, A>(q: &[f32], keys: R, scale: f32, out: &mut [f32], ahead: &[A]) {
     let hd = q.len();
-    debug_assert!(keys.len() >= out.len() * hd);
-    let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), out.len(), keys.as_ptr() as *const u8);
+    let (row_bytes, rows, base) = (keys.row_bytes(), out.len(), keys.base());
     // One share of `ahead` per 16 keys, and one for the keys after the last 16.
     let steps = rows / 16 + 1;
     let shares = PrefetchShares::new(ahead, steps);
@@ -1773,50 +1908,54 @@ unsafe fn scores_impl<K: Lanes>(q: &[f32], keys: &[K], scale: f32, out: &mut [f3
     while p + 16 <= rows {
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 16, rows);
         shares.issue(p / 16);
-        let v = scores16(q, keys.as_ptr().add(p * hd));
+        let v = scores16(q, keys, p);
         _mm512_storeu_ps(out.as_mut_ptr().add(p), _mm512_mul_ps(v, _mm512_set1_ps(scale)));
         p += 16;
     }
     shares.issue(steps - 1);
     for (p, o) in out.iter_mut().enumerate().skip(p) {
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + 1, rows);
-        *o = score_one(q.as_ptr(), keys.as_ptr().add(p * hd), hd) * scale;
+        *o = score_one(q.as_ptr(), keys, keys.row(p), hd) * scale;
     }
 }
 
-/// The unscaled score of one key at `k` (hd values) for the query at `q`: 16-lane products
-/// added chunk by chunk, then [`reduce_fixed`] (what [`reduce_tree16`] gives 16 keys at once).
+/// The unscaled score of one key (`row` of `keys`, hd values) for the query at `q`: 16-lane
+/// products added chunk by chunk, then [`reduce_fixed`] (what [`reduce_tree16`] gives 16 keys
+/// at once).
 #[inline(always)]
-unsafe fn score_one<K: Lanes>(q: *const f32, k: *const K, hd: usize) -> f32 {
+unsafe fn score_one<R: KvRowReader>(q: *const f32, keys: R, row: R::Row, hd: usize) -> f32 {
     let mut acc = _mm512_setzero_ps();
     let mut i = 0;
     while i < hd {
         let n = (hd - i).min(16);
-        let prod = _mm512_mul_ps(f32::load16(q.add(i), n), K::load16(k.add(i), n));
+        let prod = _mm512_mul_ps(f32::load16(q.add(i), n), keys.load16(row, i, n));
         acc = _mm512_mask_add_ps(acc, ((1u32 << n) - 1) as __mmask16, acc, prod);
         i += 16;
     }
     reduce_fixed(acc)
 }
 
-/// Unscaled scores of 16 consecutive keys from `k` (rows of `q.len()`), lane j = key j, each
-/// bit-identical to [`reduce_fixed`] of that key's 16-lane accumulator: the accumulators are
-/// built the same way, and the reduction tree below adds the same pairs (lanes l + l+8, then
-/// l + l+4, l + l+2, l + l+1) for 16 keys at once with shuffles, instead of one key at a time
-/// down a chain of dependent extracts (7.9 ns per key in L1 for 96 dims).
+/// Unscaled scores of the 16 keys from row `p0` (rows of `q.len()` values), lane j = key j,
+/// each bit-identical to [`reduce_fixed`] of that key's 16-lane accumulator: the accumulators
+/// are built the same way, and the reduction tree below adds the same pairs (lanes l + l+8,
+/// then l + l+4, l + l+2, l + l+1) for 16 keys at once with shuffles, instead of one key at a
+/// time down a chain of dependent extracts (7.9 ns per key in L1 for 96 dims).
 #[inline(always)]
-unsafe fn scores16<K: Lanes>(q: &[f32], k: *const K) -> __m512 {
+unsafe fn scores16<R: KvRowReader>(q: &[f32], keys: R, p0: usize) -> __m512 {
     let hd = q.len();
     // Accumulator 4i + c holds key 4c + i: after the tree, lane 4c + i is then key 4c + i.
     let mut acc = [_mm512_setzero_ps(); 16];
+    let mut rows = [keys.row(p0); 16];
+    for (a, r) in rows.iter_mut().enumerate() {
+        *r = keys.row(p0 + 4 * (a % 4) + a / 4);
+    }
     let mut i = 0;
     while i < hd {
         let n = (hd - i).min(16);
         let m = ((1u32 << n) - 1) as __mmask16;
         let qv = f32::load16(q.as_ptr().add(i), n);
-        for (a, slot) in acc.iter_mut().enumerate() {
-            let key = 4 * (a % 4) + a / 4;
-            let prod = _mm512_mul_ps(qv, K::load16(k.add(key * hd + i), n));
+        for (slot, row) in acc.iter_mut().zip(rows) {
+            let prod = _mm512_mul_ps(qv, keys.load16(row, i, n));
             *slot = _mm512_mask_add_ps(*slot, m, *slot, prod);
         }
         i += 16;
@@ -1859,40 +1998,37 @@ unsafe fn reduce_tree16(acc: [__m512; 16]) -> __m512 {
 /// one dependent chain per 16 lanes (which left the sum latency-bound: 1.1 µs for 160
 /// positions × 96 dims in L1). The first block brings in whole rows and shares of `ahead`.
 #[inline(always)]
-unsafe fn axpy_impl<K: Lanes>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+unsafe fn axpy_impl<R: KvRowReader, A>(w: &[f32], values: R, o: &mut [f32], ahead: &[A]) {
     let hd = o.len();
-    debug_assert!(values.len() >= w.len() * hd);
-    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), values.as_ptr() as *const u8);
-    prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, w.len());
+    prefetch_kv_rows(values.base(), values.row_bytes(), 0, KV_PREFETCH_ROWS, w.len());
     for d0 in (0..hd).step_by(128) {
         let first = d0 == 0;
         let ob = &mut o[d0..(d0 + 128).min(hd)];
         match ob.len().div_ceil(16) {
-            1 => axpy_block::<K, 1>(w, values, hd, d0, ob, first, ahead),
-            2 => axpy_block::<K, 2>(w, values, hd, d0, ob, first, ahead),
-            3 => axpy_block::<K, 3>(w, values, hd, d0, ob, first, ahead),
-            4 => axpy_block::<K, 4>(w, values, hd, d0, ob, first, ahead),
-            5 => axpy_block::<K, 5>(w, values, hd, d0, ob, first, ahead),
-            6 => axpy_block::<K, 6>(w, values, hd, d0, ob, first, ahead),
-            7 => axpy_block::<K, 7>(w, values, hd, d0, ob, first, ahead),
-            _ => axpy_block::<K, 8>(w, values, hd, d0, ob, first, ahead),
+            1 => axpy_block::<R, A, 1>(w, values, d0, ob, first, ahead),
+            2 => axpy_block::<R, A, 2>(w, values, d0, ob, first, ahead),
+            3 => axpy_block::<R, A, 3>(w, values, d0, ob, first, ahead),
+            4 => axpy_block::<R, A, 4>(w, values, d0, ob, first, ahead),
+            5 => axpy_block::<R, A, 5>(w, values, d0, ob, first, ahead),
+            6 => axpy_block::<R, A, 6>(w, values, d0, ob, first, ahead),
+            7 => axpy_block::<R, A, 7>(w, values, d0, ob, first, ahead),
+            _ => axpy_block::<R, A, 8>(w, values, d0, ob, first, ahead),
         }
     }
 }
 
-/// Dims `d0..d0 + ob.len()` (at most 16·C) of the weighted sum of rows of `hd` values.
+/// Dims `d0..d0 + ob.len()` (at most 16·C) of the weighted sum of the rows of `values`.
 /// `first`: also prefetch each row ahead and a share of `ahead` per position.
 #[inline(always)]
-unsafe fn axpy_block<K: Lanes, const C: usize>(
+unsafe fn axpy_block<R: KvRowReader, A, const C: usize>(
     w: &[f32],
-    values: &[K],
-    hd: usize,
+    values: R,
     d0: usize,
     ob: &mut [f32],
     first: bool,
-    ahead: &[K],
+    ahead: &[A],
 ) {
-    let (row_bytes, rows, base) = (hd * std::mem::size_of::<K>(), w.len(), values.as_ptr() as *const u8);
+    let (row_bytes, rows, base) = (values.row_bytes(), w.len(), values.base());
     let n = ob.len();
     let width = |c: usize| (n - 16 * c).min(16);
     // A plain loop, not array::from_fn (see reduce16).
@@ -1907,8 +2043,9 @@ unsafe fn axpy_block<K: Lanes, const C: usize>(
             shares.issue(p);
         }
         let wv = _mm512_set1_ps(*wp);
+        let row = values.row(p);
         for (c, a) in acc.iter_mut().enumerate() {
-            let prod = _mm512_mul_ps(wv, K::load16(values.as_ptr().add(p * hd + d0 + 16 * c), width(c)));
+            let prod = _mm512_mul_ps(wv, values.load16(row, d0 + 16 * c, width(c)));
             *a = _mm512_add_ps(*a, prod);
         }
     }
@@ -1932,7 +2069,7 @@ unsafe fn scores_group_impl<K: Lanes>(qs: &[f32], heads: usize, keys: &[K], scal
         let (q, o) = (&qs[h * hd..], &mut out[h * n..]);
         h += match heads - h {
             1 => {
-                scores_impl(&q[..hd], keys, scale, &mut o[..n], ah);
+                scores_impl(&q[..hd], PlainRows { p: keys.as_ptr(), hd }, scale, &mut o[..n], ah);
                 1
             }
             2 | 3 => scores_heads::<K, 2, 8>(q, hd, keys, scale, o, n, ah),
@@ -1977,7 +2114,8 @@ unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
     shares.issue(steps - 1);
     for p in p..n {
         for h in 0..H {
-            out[h * n + p] = score_one(qs.as_ptr().add(h * hd), keys.as_ptr().add(p * hd), hd) * scale;
+            let rows = PlainRows { p: keys.as_ptr(), hd };
+            out[h * n + p] = score_one(qs.as_ptr().add(h * hd), rows, rows.row(p), hd) * scale;
         }
     }
     H
@@ -2024,7 +2162,7 @@ unsafe fn axpy_group_impl<K: Lanes>(ws: &[f32], heads: usize, values: &[K], os: 
         let (w, o) = (&ws[h * n..], &mut os[h * hd..]);
         h += match heads - h {
             1 => {
-                axpy_impl(&w[..n], values, &mut o[..hd], ah);
+                axpy_impl(&w[..n], PlainRows { p: values.as_ptr(), hd }, &mut o[..hd], ah);
                 1
             }
             2 | 3 => axpy_heads::<K, 2, 8>(w, n, values, o, hd, ah),
@@ -2107,11 +2245,11 @@ macro_rules! attention_entry {
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
         unsafe fn $si(q: &[f32], keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            scores_impl(q, keys, scale, out, ahead)
+            scores_impl(q, PlainRows { p: keys.as_ptr(), hd: q.len() }, scale, out, ahead)
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
         unsafe fn $ai(w: &[f32], values: &[$t], o: &mut [f32], ahead: &[$t]) {
-            axpy_impl(w, values, o, ahead)
+            axpy_impl(w, PlainRows { p: values.as_ptr(), hd: o.len() }, o, ahead)
         }
     };
 }
