@@ -1684,8 +1684,9 @@ compiled_for! {
         super::decode_kv_rows_portable;
 }
 
-/// [`super::attention_scores_encoded`]: int8 keys decoded as they are read ([`Int8Rows`]),
-/// the other encodings decoded a chunk at a time into `buf` first (the portable path).
+/// [`super::attention_scores_encoded`]: int8 and int4 keys decoded as they are read
+/// ([`Int8Rows`], [`Int4Rows`]), the other encodings a chunk of rows at a time into `buf`
+/// first (the portable path).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_scores_encoded(
     t: Avx512,
@@ -1697,15 +1698,26 @@ pub(crate) fn attention_scores_encoded(
     ahead: &[u8],
     buf: &mut [f32],
 ) {
-    let hd = q.len();
-    if precision != crate::model::KvPrecision::Int8 || hd == 0 {
-        return attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf);
+    use crate::model::KvPrecision;
+    let (hd, vb) = (q.len(), precision.bytes_per_vector(q.len()));
+    assert!(keys.len() >= out.len() * vb);
+    // SAFETY (both readers): the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives
+    // every one of the `out.len()` rows its `vb` bytes inside `keys`, which are the reader's
+    // `row_bytes` (asserted), and its loads stay inside a row (masked past a short last
+    // chunk's codes); `ahead` is only prefetched, which never faults.
+    match precision {
+        KvPrecision::Int8 if hd > 0 => {
+            let rows = Int8Rows { p: keys.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { scores_int8(q, rows, scale, out, ahead) }
+        }
+        KvPrecision::Int4 if hd > 0 => {
+            let rows = Int4Rows { p: keys.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { scores_int4(q, rows, scale, out, ahead) }
+        }
+        _ => attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf),
     }
-    assert!(precision.bytes_per_vector(hd) == hd + 2 && keys.len() >= out.len() * (hd + 2));
-    // SAFETY: the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives every one of
-    // the `out.len()` rows its `hd` codes and 2-byte scale inside `keys` (loads past a row's
-    // end are masked); `ahead` is only prefetched, which never faults.
-    unsafe { scores_int8(q, Int8Rows { p: keys.as_ptr(), hd }, scale, out, ahead) }
 }
 
 /// [`super::attention_weighted_sum_encoded`], as [`attention_scores_encoded`] splits it.
@@ -1718,13 +1730,23 @@ pub(crate) fn attention_weighted_sum_encoded(
     ahead: &[u8],
     buf: &mut [f32],
 ) {
-    let hd = o.len();
-    if precision != crate::model::KvPrecision::Int8 || hd == 0 {
-        return attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf);
+    use crate::model::KvPrecision;
+    let (hd, vb) = (o.len(), precision.bytes_per_vector(o.len()));
+    assert!(values.len() >= w.len() * vb);
+    // SAFETY: as for the scores, with the `w.len()` rows of `values`.
+    match precision {
+        KvPrecision::Int8 if hd > 0 => {
+            let rows = Int8Rows { p: values.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { axpy_int8(w, rows, o, ahead) }
+        }
+        KvPrecision::Int4 if hd > 0 => {
+            let rows = Int4Rows { p: values.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { axpy_int4(w, rows, o, ahead) }
+        }
+        _ => attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf),
     }
-    assert!(precision.bytes_per_vector(hd) == hd + 2 && values.len() >= w.len() * (hd + 2));
-    // SAFETY: as for the scores, with `w.len()` rows of `values`.
-    unsafe { axpy_int8(w, Int8Rows { p: values.as_ptr(), hd }, o, ahead) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
@@ -1734,6 +1756,16 @@ unsafe fn scores_int8(q: &[f32], keys: Int8Rows, scale: f32, out: &mut [f32], ah
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
 unsafe fn axpy_int8(w: &[f32], values: Int8Rows, o: &mut [f32], ahead: &[u8]) {
+    axpy_impl(w, values, o, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_int4(q: &[f32], keys: Int4Rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
+    scores_impl(q, keys, scale, out, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_int4(w: &[f32], values: Int4Rows, o: &mut [f32], ahead: &[u8]) {
     axpy_impl(w, values, o, ahead)
 }
 
@@ -1887,6 +1919,61 @@ impl KvRowReader for Int8Rows {
             _mm_maskz_loadu_epi8(((1u32 << n) - 1) as __mmask16, row.add(i) as *const i8)
         };
         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(scale))
+    }
+}
+
+/// `KvPrecision::Int4` rows: `hd.div_ceil(2)` code bytes (value i is nibble i mod 2 of byte
+/// i / 2, low first), then an f16 scale per 32 values. A value is (code − 8) times its group's
+/// scale in f32, as `KvPrecision::decode` makes it. A 16-value chunk starts at a multiple of 16,
+/// so it lies in one group.
+#[derive(Clone, Copy)]
+struct Int4Rows {
+    p: *const u8,
+    hd: usize,
+}
+
+impl Int4Rows {
+    const GROUP: usize = 32;
+    #[inline(always)]
+    fn code_bytes(&self) -> usize {
+        self.hd.div_ceil(2)
+    }
+}
+
+impl KvRowReader for Int4Rows {
+    type Row = *const u8;
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.code_bytes() + 2 * self.hd.div_ceil(Self::GROUP)
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> *const u8 {
+        self.p.add(r * self.row_bytes())
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+        let at = row.add(i / 2);
+        // Eight bytes hold the chunk's sixteen nibbles; a short last chunk reads only its own.
+        let bytes = if n == 16 {
+            _mm_loadl_epi64(at as *const __m128i)
+        } else {
+            _mm_maskz_loadu_epi8(((1u32 << n.div_ceil(2)) - 1) as __mmask16, at as *const i8)
+        };
+        let low4 = _mm_set1_epi8(0x0F);
+        let (lo, hi) = (_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16::<4>(bytes), low4));
+        // Value 2j from byte j's low nibble, 2j + 1 from its high one.
+        let codes = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
+        let bits = std::ptr::read_unaligned(row.add(self.code_bytes() + 2 * (i / Self::GROUP)) as *const u16);
+        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(f16_to_f32(bits)));
+        if n == 16 {
+            v
+        } else {
+            _mm512_maskz_mov_ps(((1u32 << n) - 1) as __mmask16, v)
+        }
     }
 }
 
