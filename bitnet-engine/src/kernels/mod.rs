@@ -2194,6 +2194,63 @@ mod tests {
     }
 
     #[test]
+    fn encoded_attention_reads_every_code_as_the_decode_does() {
+        // Arbitrary code bytes (fp8's NaN code, bf16's NaNs and infinities, every nibble and
+        // crumb) with finite scales: each ISA's entry point against the portable one, bit for
+        // bit (a NaN only as a NaN).
+        use crate::model::KvPrecision;
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+        };
+        let mut g = crate::rng::SplitMix64::new(31);
+        let mut buf = vec![0f32; super::ENCODED_CHUNK_VALUES];
+        for p in [KvPrecision::Bf16, KvPrecision::Fp8, KvPrecision::Int8, KvPrecision::Int4, KvPrecision::Int2] {
+            for hd in [16usize, 40, 96, 128] {
+                let (vb, n) = (p.bytes_per_vector(hd), 300);
+                let mut rows: Vec<u8> = (0..n * vb).map(|_| g.next_u64() as u8).collect();
+                // Each row's f16 parameters (after its codes) finite: 0.5 to 2 times ±2^(0..3).
+                let codes = match p {
+                    KvPrecision::Bf16 => 2 * hd,
+                    KvPrecision::Fp8 | KvPrecision::Int8 => hd,
+                    KvPrecision::Int4 => hd.div_ceil(2),
+                    _ => hd.div_ceil(4),
+                };
+                for r in rows.chunks_exact_mut(vb) {
+                    for f in r[codes..].chunks_exact_mut(2) {
+                        let v = half::f16::from_f32((g.unit_f32() * 1.5 + 0.5) * (1 << (g.next_u64() % 4)) as f32);
+                        f.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                let q: Vec<f32> = (0..hd).map(|_| g.unit_f32() * 2.0 - 1.0).collect();
+                let w: Vec<f32> = (0..n).map(|_| g.unit_f32()).collect();
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                super::attention_scores_encoded(p, &q, &rows, 0.125, &mut a, &[], &mut buf);
+                super::attention_scores_encoded_portable(p, &q, &rows, 0.125, &mut b, &[], &mut buf);
+                assert!(same(&a, &b), "{p} hd {hd} scores");
+                let (mut oa, mut ob) = (q.clone(), q.clone());
+                super::attention_weighted_sum_encoded(p, &w, &rows, &mut oa, &[], &mut buf);
+                super::attention_weighted_sum_encoded_portable(p, &w, &rows, &mut ob, &[], &mut buf);
+                assert!(same(&oa, &ob), "{p} hd {hd} weighted sum");
+                // Every fp8 code alone: the reader's float is the decode's.
+                if p == KvPrecision::Fp8 && hd == 128 {
+                    let mut row = vec![0u8; p.bytes_per_vector(256)];
+                    for (i, c) in row[..256].iter_mut().enumerate() {
+                        *c = i as u8;
+                    }
+                    row[256..].copy_from_slice(&half::f16::from_f32(1.5).to_le_bytes());
+                    let mut want = vec![0f32; 256];
+                    p.decode(&row, &mut want);
+                    let (mut oa, mut ob) = (vec![0f32; 256], vec![0f32; 256]);
+                    super::attention_weighted_sum_encoded(p, &[1.0], &row, &mut oa, &[], &mut buf);
+                    super::attention_weighted_sum_encoded_portable(p, &[1.0], &row, &mut ob, &[], &mut buf);
+                    assert!(same(&oa, &ob), "every fp8 code");
+                    assert!(same(&ob, &want.iter().map(|v| 0.0 + 1.0 * v).collect::<Vec<_>>()), "portable fp8 codes");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn encoded_attention_equals_decoding_position_by_position() {
         // The reference is what attention did before: each position's vector decoded on its own
         // (`KvPrecision::decode`, checked against plain formulas in kv_cache), then `dot16` or

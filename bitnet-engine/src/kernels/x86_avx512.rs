@@ -1684,9 +1684,9 @@ compiled_for! {
         super::decode_kv_rows_portable;
 }
 
-/// [`super::attention_scores_encoded`]: int8 and int4 keys decoded as they are read
-/// ([`Int8Rows`], [`Int4Rows`]), the other encodings a chunk of rows at a time into `buf`
-/// first (the portable path).
+/// [`super::attention_scores_encoded`]: keys decoded as they are read, by the row reader of
+/// their precision ([`Int8Rows`], [`Int4Rows`], [`Int2Rows`], [`Fp8Rows`], [`Bf16Rows`]); `buf`
+/// is only the portable path's (a head dimension of 0).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_scores_encoded(
     t: Avx512,
@@ -1715,6 +1715,21 @@ pub(crate) fn attention_scores_encoded(
             let rows = Int4Rows { p: keys.as_ptr(), hd };
             assert_eq!(rows.row_bytes(), vb);
             unsafe { scores_int4(q, rows, scale, out, ahead) }
+        }
+        KvPrecision::Int2 if hd > 0 => {
+            let rows = Int2Rows { p: keys.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { scores_int2(q, rows, scale, out, ahead) }
+        }
+        KvPrecision::Fp8 if hd > 0 => {
+            let rows = Fp8Rows { p: keys.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { scores_fp8(q, rows, scale, out, ahead) }
+        }
+        KvPrecision::Bf16 if hd > 0 => {
+            let rows = Bf16Rows { p: keys.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { scores_bf16(q, rows, scale, out, ahead) }
         }
         _ => attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf),
     }
@@ -1745,28 +1760,45 @@ pub(crate) fn attention_weighted_sum_encoded(
             assert_eq!(rows.row_bytes(), vb);
             unsafe { axpy_int4(w, rows, o, ahead) }
         }
+        KvPrecision::Int2 if hd > 0 => {
+            let rows = Int2Rows { p: values.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { axpy_int2(w, rows, o, ahead) }
+        }
+        KvPrecision::Fp8 if hd > 0 => {
+            let rows = Fp8Rows { p: values.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { axpy_fp8(w, rows, o, ahead) }
+        }
+        KvPrecision::Bf16 if hd > 0 => {
+            let rows = Bf16Rows { p: values.as_ptr(), hd };
+            assert_eq!(rows.row_bytes(), vb);
+            unsafe { axpy_bf16(w, rows, o, ahead) }
+        }
         _ => attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf),
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-unsafe fn scores_int8(q: &[f32], keys: Int8Rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
-    scores_impl(q, keys, scale, out, ahead)
+/// The single-head kernels compiled for one encoded row reader.
+macro_rules! encoded_attention_for {
+    ($($scores:ident, $axpy:ident: $rows:ty;)*) => {$(
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $scores(q: &[f32], keys: $rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
+            scores_impl(q, keys, scale, out, ahead)
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+        unsafe fn $axpy(w: &[f32], values: $rows, o: &mut [f32], ahead: &[u8]) {
+            axpy_impl(w, values, o, ahead)
+        }
+    )*};
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-unsafe fn axpy_int8(w: &[f32], values: Int8Rows, o: &mut [f32], ahead: &[u8]) {
-    axpy_impl(w, values, o, ahead)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-unsafe fn scores_int4(q: &[f32], keys: Int4Rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
-    scores_impl(q, keys, scale, out, ahead)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-unsafe fn axpy_int4(w: &[f32], values: Int4Rows, o: &mut [f32], ahead: &[u8]) {
-    axpy_impl(w, values, o, ahead)
+encoded_attention_for! {
+    scores_int8, axpy_int8: Int8Rows;
+    scores_int4, axpy_int4: Int4Rows;
+    scores_int2, axpy_int2: Int2Rows;
+    scores_fp8, axpy_fp8: Fp8Rows;
+    scores_bf16, axpy_bf16: Bf16Rows;
 }
 
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
@@ -1969,6 +2001,152 @@ impl KvRowReader for Int4Rows {
         let codes = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
         let bits = std::ptr::read_unaligned(row.add(self.code_bytes() + 2 * (i / Self::GROUP)) as *const u16);
         let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(f16_to_f32(bits)));
+        if n == 16 {
+            v
+        } else {
+            _mm512_maskz_mov_ps(((1u32 << n) - 1) as __mmask16, v)
+        }
+    }
+}
+
+/// `KvPrecision::Bf16` rows of `hd` values: a bf16 is the top half of its f32, so a load is
+/// a widen and a shift. (`half`'s conversion also sets a NaN's quiet bit; here the first
+/// arithmetic on it does, so the kernels' results are the same.)
+#[derive(Clone, Copy)]
+struct Bf16Rows {
+    p: *const u8,
+    hd: usize,
+}
+
+impl KvRowReader for Bf16Rows {
+    type Row = *const u8;
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        2 * self.hd
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> *const u8 {
+        self.p.add(r * 2 * self.hd)
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+        let at = row.add(2 * i);
+        let raw = if n == 16 {
+            _mm256_loadu_si256(at as *const __m256i)
+        } else {
+            _mm256_maskz_loadu_epi16(((1u32 << n) - 1) as __mmask16, at as *const i16)
+        };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)))
+    }
+}
+
+/// `KvPrecision::Int2` rows: `hd.div_ceil(4)` code bytes (value i is crumb i mod 4 of byte
+/// i / 4, low first), then per 16 values an f16 minimum and an f16 step. A value is
+/// min + code × step in f32 (a multiply, then an add), as `KvPrecision::decode` makes it; a
+/// 16-value chunk is one group.
+#[derive(Clone, Copy)]
+struct Int2Rows {
+    p: *const u8,
+    hd: usize,
+}
+
+impl Int2Rows {
+    const GROUP: usize = 16;
+    #[inline(always)]
+    fn code_bytes(&self) -> usize {
+        self.hd.div_ceil(4)
+    }
+}
+
+impl KvRowReader for Int2Rows {
+    type Row = *const u8;
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.code_bytes() + 4 * self.hd.div_ceil(Self::GROUP)
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> *const u8 {
+        self.p.add(r * self.row_bytes())
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+        let at = row.add(i / 4);
+        // Four bytes hold the chunk's sixteen crumbs; a short last chunk reads only its own.
+        let word = if n == 16 {
+            std::ptr::read_unaligned(at as *const i32)
+        } else {
+            _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(((1u32 << n.div_ceil(4)) - 1) as __mmask16, at as *const i8))
+        };
+        // Lane j: bits 2j..2j + 2 of the word.
+        let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let codes = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), shifts), _mm512_set1_epi32(3));
+        let params = row.add(self.code_bytes() + 4 * (i / Self::GROUP));
+        let min = f16_to_f32(std::ptr::read_unaligned(params as *const u16));
+        let step = f16_to_f32(std::ptr::read_unaligned(params.add(2) as *const u16));
+        let v = _mm512_add_ps(_mm512_set1_ps(min), _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(step)));
+        if n == 16 {
+            v
+        } else {
+            _mm512_maskz_mov_ps(((1u32 << n) - 1) as __mmask16, v)
+        }
+    }
+}
+
+/// `KvPrecision::Fp8` rows: `hd` E4M3 codes, then the row's f16 scale. A value is the code's
+/// float times the scale in f32, as `KvPrecision::decode` makes it: normals by moving the
+/// exponent and mantissa into f32's fields, subnormals (m · 2⁻⁹) by a conversion and an exact
+/// multiply (not by f32 subnormal arithmetic, which is slow), S.1111.111 as the decode's NaN.
+#[derive(Clone, Copy)]
+struct Fp8Rows {
+    p: *const u8,
+    hd: usize,
+}
+
+impl KvRowReader for Fp8Rows {
+    type Row = (*const u8, f32);
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.hd + 2
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> (*const u8, f32) {
+        let row = self.p.add(r * (self.hd + 2));
+        (row, f16_to_f32(std::ptr::read_unaligned(row.add(self.hd) as *const u16)))
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, (row, scale): (*const u8, f32), i: usize, n: usize) -> __m512 {
+        let codes = if n == 16 {
+            _mm_loadu_si128(row.add(i) as *const __m128i)
+        } else {
+            _mm_maskz_loadu_epi8(((1u32 << n) - 1) as __mmask16, row.add(i) as *const i8)
+        };
+        let b = _mm512_cvtepu8_epi32(codes);
+        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
+        let exp = _mm512_and_si512(_mm512_srli_epi32::<3>(b), _mm512_set1_epi32(15));
+        let man = _mm512_and_si512(b, _mm512_set1_epi32(7));
+        // (e + 120) << 23 | m << 20: the f32 fields of (1 + m/8) · 2^(e − 7).
+        let normal = _mm512_or_si512(
+            _mm512_slli_epi32::<23>(_mm512_add_epi32(exp, _mm512_set1_epi32(120))),
+            _mm512_slli_epi32::<20>(man),
+        );
+        let sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(man), _mm512_set1_ps(1.0 / 512.0)));
+        let is_sub = _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
+        let v = _mm512_or_si512(sign, _mm512_mask_blend_epi32(is_sub, normal, sub));
+        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+        let v = _mm512_mask_mov_ps(_mm512_castsi512_ps(v), is_nan, _mm512_set1_ps(f32::NAN));
+        let v = _mm512_mul_ps(v, _mm512_set1_ps(scale));
         if n == 16 {
             v
         } else {
