@@ -1684,6 +1684,31 @@ compiled_for! {
         super::decode_kv_rows_portable;
 }
 
+/// Evaluates `$call` with `$rows` bound to the row reader of `$precision` over `$bytes` (rows of
+/// `$hd` values, `$vb` bytes each, which the reader's layout must match), or `$other` where
+/// there is none (f32 and f16 have their own kernels; a head dimension of 0).
+macro_rules! with_row_reader {
+    ($precision:expr, $bytes:expr, $hd:expr, $vb:expr, |$rows:ident| $call:expr, $other:expr) => {{
+        use crate::model::KvPrecision;
+        let (p, hd) = ($bytes.as_ptr(), $hd);
+        macro_rules! run {
+            ($reader:expr) => {{
+                let $rows = $reader;
+                assert_eq!($rows.row_bytes(), $vb, "KV row layout");
+                $call
+            }};
+        }
+        match $precision {
+            KvPrecision::Int8 if hd > 0 => run!(Int8Rows { p, hd }),
+            KvPrecision::Int4 if hd > 0 => run!(Int4Rows { p, hd }),
+            KvPrecision::Int2 if hd > 0 => run!(Int2Rows { p, hd }),
+            KvPrecision::Fp8 if hd > 0 => run!(Fp8Rows { p, hd }),
+            KvPrecision::Bf16 if hd > 0 => run!(Bf16Rows { p, hd }),
+            _ => $other,
+        }
+    }};
+}
+
 /// [`super::attention_scores_encoded`]: keys decoded as they are read, by the row reader of
 /// their precision ([`Int8Rows`], [`Int4Rows`], [`Int2Rows`], [`Fp8Rows`], [`Bf16Rows`]); `buf`
 /// is only the portable path's (a head dimension of 0).
@@ -1698,41 +1723,20 @@ pub(crate) fn attention_scores_encoded(
     ahead: &[u8],
     buf: &mut [f32],
 ) {
-    use crate::model::KvPrecision;
     let (hd, vb) = (q.len(), precision.bytes_per_vector(q.len()));
     assert!(keys.len() >= out.len() * vb);
-    // SAFETY (both readers): the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives
-    // every one of the `out.len()` rows its `vb` bytes inside `keys`, which are the reader's
-    // `row_bytes` (asserted), and its loads stay inside a row (masked past a short last
-    // chunk's codes); `ahead` is only prefetched, which never faults.
-    match precision {
-        KvPrecision::Int8 if hd > 0 => {
-            let rows = Int8Rows { p: keys.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { scores_int8(q, rows, scale, out, ahead) }
-        }
-        KvPrecision::Int4 if hd > 0 => {
-            let rows = Int4Rows { p: keys.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { scores_int4(q, rows, scale, out, ahead) }
-        }
-        KvPrecision::Int2 if hd > 0 => {
-            let rows = Int2Rows { p: keys.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { scores_int2(q, rows, scale, out, ahead) }
-        }
-        KvPrecision::Fp8 if hd > 0 => {
-            let rows = Fp8Rows { p: keys.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { scores_fp8(q, rows, scale, out, ahead) }
-        }
-        KvPrecision::Bf16 if hd > 0 => {
-            let rows = Bf16Rows { p: keys.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { scores_bf16(q, rows, scale, out, ahead) }
-        }
-        _ => attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf),
-    }
+    with_row_reader!(
+        precision,
+        keys,
+        hd,
+        vb,
+        // SAFETY: the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives every one of
+        // the `out.len()` rows its `vb` bytes inside `keys`, which are the reader's `row_bytes`
+        // (asserted), and its loads stay inside a row (masked past a short last chunk's
+        // codes); `ahead` is only prefetched, which never faults.
+        |rows| unsafe { scores_encoded(q, rows, scale, out, ahead) },
+        attention_scores_encoded_compiled(t, precision, q, keys, scale, out, ahead, buf)
+    )
 }
 
 /// [`super::attention_weighted_sum_encoded`], as [`attention_scores_encoded`] splits it.
@@ -1745,60 +1749,27 @@ pub(crate) fn attention_weighted_sum_encoded(
     ahead: &[u8],
     buf: &mut [f32],
 ) {
-    use crate::model::KvPrecision;
     let (hd, vb) = (o.len(), precision.bytes_per_vector(o.len()));
     assert!(values.len() >= w.len() * vb);
-    // SAFETY: as for the scores, with the `w.len()` rows of `values`.
-    match precision {
-        KvPrecision::Int8 if hd > 0 => {
-            let rows = Int8Rows { p: values.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { axpy_int8(w, rows, o, ahead) }
-        }
-        KvPrecision::Int4 if hd > 0 => {
-            let rows = Int4Rows { p: values.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { axpy_int4(w, rows, o, ahead) }
-        }
-        KvPrecision::Int2 if hd > 0 => {
-            let rows = Int2Rows { p: values.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { axpy_int2(w, rows, o, ahead) }
-        }
-        KvPrecision::Fp8 if hd > 0 => {
-            let rows = Fp8Rows { p: values.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { axpy_fp8(w, rows, o, ahead) }
-        }
-        KvPrecision::Bf16 if hd > 0 => {
-            let rows = Bf16Rows { p: values.as_ptr(), hd };
-            assert_eq!(rows.row_bytes(), vb);
-            unsafe { axpy_bf16(w, rows, o, ahead) }
-        }
-        _ => attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf),
-    }
+    with_row_reader!(
+        precision,
+        values,
+        hd,
+        vb,
+        // SAFETY: as for the scores, with the `w.len()` rows of `values`.
+        |rows| unsafe { axpy_encoded(w, rows, o, ahead) },
+        attention_weighted_sum_encoded_compiled(t, precision, w, values, o, ahead, buf)
+    )
 }
 
-/// The single-head kernels compiled for one encoded row reader.
-macro_rules! encoded_attention_for {
-    ($($scores:ident, $axpy:ident: $rows:ty;)*) => {$(
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $scores(q: &[f32], keys: $rows, scale: f32, out: &mut [f32], ahead: &[u8]) {
-            scores_impl(q, keys, scale, out, ahead)
-        }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $axpy(w: &[f32], values: $rows, o: &mut [f32], ahead: &[u8]) {
-            axpy_impl(w, values, o, ahead)
-        }
-    )*};
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_encoded<R: KvRowReader>(q: &[f32], keys: R, scale: f32, out: &mut [f32], ahead: &[u8]) {
+    scores_impl(q, keys, scale, out, ahead)
 }
 
-encoded_attention_for! {
-    scores_int8, axpy_int8: Int8Rows;
-    scores_int4, axpy_int4: Int4Rows;
-    scores_int2, axpy_int2: Int2Rows;
-    scores_fp8, axpy_fp8: Fp8Rows;
-    scores_bf16, axpy_bf16: Bf16Rows;
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_encoded<R: KvRowReader>(w: &[f32], values: R, o: &mut [f32], ahead: &[u8]) {
+    axpy_impl(w, values, o, ahead)
 }
 
 /// The bandwidth probe's reader: wrapping sum of `words` with 4 independent 512-bit accumulators.
