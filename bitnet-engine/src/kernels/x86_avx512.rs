@@ -1888,17 +1888,44 @@ impl<K: Lanes> KvRowReader for PlainRows<K> {
     }
 }
 
-/// `KvPrecision::Int8` rows: `hd` codes, then the row's f16 scale. A value is its code times
-/// the scale in f32 (one rounding), as `KvPrecision::decode` makes it: decoded here as it is
-/// read instead of into a buffer first, which had left int8 attention compute-bound at half
+/// `KvPrecision::Int8` (`FP8` false) and `KvPrecision::Fp8` (`FP8` true) rows: `hd` one-byte
+/// codes, then the row's f16 scale. A value is the code's number times the scale in f32 (one
+/// rounding), as `KvPrecision::decode` makes it: an int8 code widened and converted; an E4M3
+/// code by its fields, subnormals (m · 2⁻⁹) by a conversion and an exact multiply (not by f32
+/// subnormal arithmetic, which is slow), S.1111.111 as the decode's NaN. Decoded here as they
+/// are read instead of into a buffer first, which had left int8 attention compute-bound at half
 /// f16's speed on half its bytes (large, 2000 positions: 34 µs a head's scores against 18).
 #[derive(Clone, Copy)]
-struct Int8Rows {
+struct ByteRows<const FP8: bool> {
     p: *const u8,
     hd: usize,
 }
 
-impl KvRowReader for Int8Rows {
+type Int8Rows = ByteRows<false>;
+type Fp8Rows = ByteRows<true>;
+
+impl<const FP8: bool> ByteRows<FP8> {
+    /// The 16 E4M3 codes in `codes` as f32.
+    #[inline(always)]
+    unsafe fn e4m3(codes: __m128i) -> __m512 {
+        let b = _mm512_cvtepu8_epi32(codes);
+        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
+        let exp = _mm512_and_si512(_mm512_srli_epi32::<3>(b), _mm512_set1_epi32(15));
+        let man = _mm512_and_si512(b, _mm512_set1_epi32(7));
+        // (e + 120) << 23 | m << 20: the f32 fields of (1 + m/8) · 2^(e − 7).
+        let normal = _mm512_or_si512(
+            _mm512_slli_epi32::<23>(_mm512_add_epi32(exp, _mm512_set1_epi32(120))),
+            _mm512_slli_epi32::<20>(man),
+        );
+        let sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(man), _mm512_set1_ps(1.0 / 512.0)));
+        let is_sub = _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
+        let v = _mm512_or_si512(sign, _mm512_mask_blend_epi32(is_sub, normal, sub));
+        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+        _mm512_mask_mov_ps(_mm512_castsi512_ps(v), is_nan, _mm512_set1_ps(f32::NAN))
+    }
+}
+
+impl<const FP8: bool> KvRowReader for ByteRows<FP8> {
     type Row = (*const u8, f32);
     #[inline(always)]
     fn row_bytes(&self) -> usize {
@@ -1911,8 +1938,7 @@ impl KvRowReader for Int8Rows {
     #[inline(always)]
     unsafe fn row(&self, r: usize) -> (*const u8, f32) {
         let row = self.p.add(r * (self.hd + 2));
-        let bits = std::ptr::read_unaligned(row.add(self.hd) as *const u16);
-        (row, f16_to_f32(bits))
+        (row, f16_to_f32(std::ptr::read_unaligned(row.add(self.hd) as *const u16)))
     }
     #[inline(always)]
     unsafe fn load16(&self, (row, scale): (*const u8, f32), i: usize, n: usize) -> __m512 {
@@ -1921,44 +1947,36 @@ impl KvRowReader for Int8Rows {
         } else {
             _mm_maskz_loadu_epi8(((1u32 << n) - 1) as __mmask16, row.add(i) as *const i8)
         };
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(scale))
+        // Masked-off codes are 0, a 0 in both encodings: the lanes past `n` are 0.
+        let v = if FP8 { Self::e4m3(codes) } else { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)) };
+        _mm512_mul_ps(v, _mm512_set1_ps(scale))
     }
 }
 
-/// `KvPrecision::Int4` rows: `hd.div_ceil(2)` code bytes (value i is nibble i mod 2 of byte
-/// i / 2, low first), then an f16 scale per 32 values. A value is (code − 8) times its group's
-/// scale in f32, as `KvPrecision::decode` makes it. A 16-value chunk starts at a multiple of 16,
-/// so it lies in one group.
+/// `KvPrecision::Int4` (`BITS` 4) and `KvPrecision::Int2` (`BITS` 2) rows: the codes packed low
+/// first (value i is nibble i mod 2 of byte i / 2, or crumb i mod 4 of byte i / 4), then per
+/// group the f16 parameters. Int4: a scale per 32 values, a value is (code − 8) × scale; int2:
+/// a minimum and a step per 16, a value is min + code × step (a multiply, then an add). Each in
+/// f32 as `KvPrecision::decode` makes it. A 16-value chunk starts at a multiple of 16, so it
+/// lies in one group.
 #[derive(Clone, Copy)]
-struct Int4Rows {
+struct PackedRows<const BITS: usize> {
     p: *const u8,
     hd: usize,
 }
 
-impl Int4Rows {
-    const GROUP: usize = 32;
+type Int4Rows = PackedRows<4>;
+type Int2Rows = PackedRows<2>;
+
+impl<const BITS: usize> PackedRows<BITS> {
+    const GROUP: usize = if BITS == 4 { 32 } else { 16 };
+    const PARAM_BYTES: usize = if BITS == 4 { 2 } else { 4 };
     #[inline(always)]
     fn code_bytes(&self) -> usize {
-        self.hd.div_ceil(2)
-    }
-}
-
-impl KvRowReader for Int4Rows {
-    type Row = *const u8;
-    #[inline(always)]
-    fn row_bytes(&self) -> usize {
-        self.code_bytes() + 2 * self.hd.div_ceil(Self::GROUP)
+        (self.hd * BITS).div_ceil(8)
     }
     #[inline(always)]
-    fn base(&self) -> *const u8 {
-        self.p
-    }
-    #[inline(always)]
-    unsafe fn row(&self, r: usize) -> *const u8 {
-        self.p.add(r * self.row_bytes())
-    }
-    #[inline(always)]
-    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+    unsafe fn int4(&self, row: *const u8, i: usize, n: usize) -> __m512 {
         let at = row.add(i / 2);
         // Eight bytes hold the chunk's sixteen nibbles; a short last chunk reads only its own.
         let bytes = if n == 16 {
@@ -1971,7 +1989,44 @@ impl KvRowReader for Int4Rows {
         // Value 2j from byte j's low nibble, 2j + 1 from its high one.
         let codes = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
         let bits = std::ptr::read_unaligned(row.add(self.code_bytes() + 2 * (i / Self::GROUP)) as *const u16);
-        let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(f16_to_f32(bits)));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), _mm512_set1_ps(f16_to_f32(bits)))
+    }
+    #[inline(always)]
+    unsafe fn int2(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+        let at = row.add(i / 4);
+        // Four bytes hold the chunk's sixteen crumbs; a short last chunk reads only its own.
+        let word = if n == 16 {
+            std::ptr::read_unaligned(at as *const i32)
+        } else {
+            _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(((1u32 << n.div_ceil(4)) - 1) as __mmask16, at as *const i8))
+        };
+        // Lane j: bits 2j..2j + 2 of the word.
+        let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let codes = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), shifts), _mm512_set1_epi32(3));
+        let params = row.add(self.code_bytes() + Self::PARAM_BYTES * (i / Self::GROUP));
+        let min = f16_to_f32(std::ptr::read_unaligned(params as *const u16));
+        let step = f16_to_f32(std::ptr::read_unaligned(params.add(2) as *const u16));
+        _mm512_add_ps(_mm512_set1_ps(min), _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(step)))
+    }
+}
+
+impl<const BITS: usize> KvRowReader for PackedRows<BITS> {
+    type Row = *const u8;
+    #[inline(always)]
+    fn row_bytes(&self) -> usize {
+        self.code_bytes() + Self::PARAM_BYTES * self.hd.div_ceil(Self::GROUP)
+    }
+    #[inline(always)]
+    fn base(&self) -> *const u8 {
+        self.p
+    }
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> *const u8 {
+        self.p.add(r * self.row_bytes())
+    }
+    #[inline(always)]
+    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
+        let v = if BITS == 4 { self.int4(row, i, n) } else { self.int2(row, i, n) };
         if n == 16 {
             v
         } else {
@@ -2012,117 +2067,6 @@ impl KvRowReader for Bf16Rows {
             _mm256_maskz_loadu_epi16(((1u32 << n) - 1) as __mmask16, at as *const i16)
         };
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)))
-    }
-}
-
-/// `KvPrecision::Int2` rows: `hd.div_ceil(4)` code bytes (value i is crumb i mod 4 of byte
-/// i / 4, low first), then per 16 values an f16 minimum and an f16 step. A value is
-/// min + code × step in f32 (a multiply, then an add), as `KvPrecision::decode` makes it; a
-/// 16-value chunk is one group.
-#[derive(Clone, Copy)]
-struct Int2Rows {
-    p: *const u8,
-    hd: usize,
-}
-
-impl Int2Rows {
-    const GROUP: usize = 16;
-    #[inline(always)]
-    fn code_bytes(&self) -> usize {
-        self.hd.div_ceil(4)
-    }
-}
-
-impl KvRowReader for Int2Rows {
-    type Row = *const u8;
-    #[inline(always)]
-    fn row_bytes(&self) -> usize {
-        self.code_bytes() + 4 * self.hd.div_ceil(Self::GROUP)
-    }
-    #[inline(always)]
-    fn base(&self) -> *const u8 {
-        self.p
-    }
-    #[inline(always)]
-    unsafe fn row(&self, r: usize) -> *const u8 {
-        self.p.add(r * self.row_bytes())
-    }
-    #[inline(always)]
-    unsafe fn load16(&self, row: *const u8, i: usize, n: usize) -> __m512 {
-        let at = row.add(i / 4);
-        // Four bytes hold the chunk's sixteen crumbs; a short last chunk reads only its own.
-        let word = if n == 16 {
-            std::ptr::read_unaligned(at as *const i32)
-        } else {
-            _mm_cvtsi128_si32(_mm_maskz_loadu_epi8(((1u32 << n.div_ceil(4)) - 1) as __mmask16, at as *const i8))
-        };
-        // Lane j: bits 2j..2j + 2 of the word.
-        let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let codes = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), shifts), _mm512_set1_epi32(3));
-        let params = row.add(self.code_bytes() + 4 * (i / Self::GROUP));
-        let min = f16_to_f32(std::ptr::read_unaligned(params as *const u16));
-        let step = f16_to_f32(std::ptr::read_unaligned(params.add(2) as *const u16));
-        let v = _mm512_add_ps(_mm512_set1_ps(min), _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(step)));
-        if n == 16 {
-            v
-        } else {
-            _mm512_maskz_mov_ps(((1u32 << n) - 1) as __mmask16, v)
-        }
-    }
-}
-
-/// `KvPrecision::Fp8` rows: `hd` E4M3 codes, then the row's f16 scale. A value is the code's
-/// float times the scale in f32, as `KvPrecision::decode` makes it: normals by moving the
-/// exponent and mantissa into f32's fields, subnormals (m · 2⁻⁹) by a conversion and an exact
-/// multiply (not by f32 subnormal arithmetic, which is slow), S.1111.111 as the decode's NaN.
-#[derive(Clone, Copy)]
-struct Fp8Rows {
-    p: *const u8,
-    hd: usize,
-}
-
-impl KvRowReader for Fp8Rows {
-    type Row = (*const u8, f32);
-    #[inline(always)]
-    fn row_bytes(&self) -> usize {
-        self.hd + 2
-    }
-    #[inline(always)]
-    fn base(&self) -> *const u8 {
-        self.p
-    }
-    #[inline(always)]
-    unsafe fn row(&self, r: usize) -> (*const u8, f32) {
-        let row = self.p.add(r * (self.hd + 2));
-        (row, f16_to_f32(std::ptr::read_unaligned(row.add(self.hd) as *const u16)))
-    }
-    #[inline(always)]
-    unsafe fn load16(&self, (row, scale): (*const u8, f32), i: usize, n: usize) -> __m512 {
-        let codes = if n == 16 {
-            _mm_loadu_si128(row.add(i) as *const __m128i)
-        } else {
-            _mm_maskz_loadu_epi8(((1u32 << n) - 1) as __mmask16, row.add(i) as *const i8)
-        };
-        let b = _mm512_cvtepu8_epi32(codes);
-        let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
-        let exp = _mm512_and_si512(_mm512_srli_epi32::<3>(b), _mm512_set1_epi32(15));
-        let man = _mm512_and_si512(b, _mm512_set1_epi32(7));
-        // (e + 120) << 23 | m << 20: the f32 fields of (1 + m/8) · 2^(e − 7).
-        let normal = _mm512_or_si512(
-            _mm512_slli_epi32::<23>(_mm512_add_epi32(exp, _mm512_set1_epi32(120))),
-            _mm512_slli_epi32::<20>(man),
-        );
-        let sub = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(man), _mm512_set1_ps(1.0 / 512.0)));
-        let is_sub = _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
-        let v = _mm512_or_si512(sign, _mm512_mask_blend_epi32(is_sub, normal, sub));
-        let is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
-        let v = _mm512_mask_mov_ps(_mm512_castsi512_ps(v), is_nan, _mm512_set1_ps(f32::NAN));
-        let v = _mm512_mul_ps(v, _mm512_set1_ps(scale));
-        if n == 16 {
-            v
-        } else {
-            _mm512_maskz_mov_ps(((1u32 << n) - 1) as __mmask16, v)
-        }
     }
 }
 
