@@ -2231,6 +2231,10 @@ mod tests {
                 super::attention_weighted_sum_encoded(p, &w, &rows, &mut oa, &[], &mut buf);
                 super::attention_weighted_sum_encoded_portable(p, &w, &rows, &mut ob, &[], &mut buf);
                 assert!(same(&oa, &ob), "{p} hd {hd} weighted sum");
+                let (mut da, mut db) = (vec![0f32; n * hd], vec![0f32; n * hd]);
+                super::decode_kv_rows(p, &rows, hd, &mut da);
+                super::decode_kv_rows_portable(p, &rows, hd, &mut db);
+                assert!(same(&da, &db), "{p} hd {hd} decoded rows");
                 // Every fp8 code alone: the reader's float is the decode's.
                 if p == KvPrecision::Fp8 && hd == 128 {
                     let mut row = vec![0u8; p.bytes_per_vector(256)];
