@@ -248,6 +248,16 @@ impl ActivationBatch {
         self.stamp = new_stamp();
     }
 
+    /// Asks for the buffers [`Self::quantize`] writes in L2 (see `forward`'s `linear`).
+    pub fn prefetch(&self) {
+        let (n, s) = (self.batch * self.padded, self.batch * self.padded / 16);
+        crate::kernels::prefetch_l2(&self.values.as_i8()[..n]);
+        crate::kernels::prefetch_l2(&self.sub_sums[..s]);
+        crate::kernels::prefetch_l2(&self.block_sums[..self.batch * self.padded / ACT_PAD]);
+        crate::kernels::prefetch_l2(&self.scales[..self.batch]);
+        crate::kernels::prefetch_l2(&self.sums[..self.batch]);
+    }
+
     /// Makes room for the Q6_K head's lane-ordered copies of up to `tokens` tokens (at most the
     /// capacity), so that `build_q6k_lanes` on batches that size allocates nothing.
     pub fn reserve_q6k_lanes(&mut self, tokens: usize) {

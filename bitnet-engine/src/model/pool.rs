@@ -85,6 +85,11 @@ pub struct Blocks<'s, 'a, T> {
 }
 
 impl<'a, T> Blocks<'_, 'a, T> {
+    /// Whether this is the calling thread's view (thread 0, which goes on alone after the split).
+    pub fn is_caller(&self) -> bool {
+        self.me == 0
+    }
+
     /// The next block this thread computes, as (first unit, its part of the output), or `None`
     /// when every block of every thread is taken.
     pub fn next_block(&mut self) -> Option<(usize, &'a mut [T])> {
@@ -337,6 +342,11 @@ pub struct PairBlocks<'r, 's, 'a, T> {
 }
 
 impl<'a, T> PairBlocks<'_, '_, 'a, T> {
+    /// See [`Blocks::is_caller`].
+    pub fn is_caller(&self) -> bool {
+        self.a.is_caller()
+    }
+
     /// The next block: (first unit, its part of `a`, the same part of `b`).
     pub fn next_block(&mut self) -> Option<(usize, &'a mut [T], &'a mut [T])> {
         let (first, a) = self.a.next_block()?;
