@@ -1312,6 +1312,70 @@ pub(crate) fn attention_weighted_sum_encoded(
     )
 }
 
+/// Whether [`attention_scores_group_encoded`] and [`attention_weighted_sum_group_encoded`] read
+/// each row once for the whole group on this CPU (AVX-512's row readers), rather than head by
+/// head: where they do not, grouping the heads saves nothing.
+pub(crate) fn encoded_groups_read_once() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86_avx512::Avx512::new().is_some() {
+        return true;
+    }
+    false
+}
+
+/// The scores of the `heads` query heads of one grouped-query group (`qs`: `heads` rows of hd)
+/// over their shared encoded keys (`n` rows of `precision.bytes_per_vector(hd)` bytes) into
+/// `out` (`heads` rows of n): each head's row as [`attention_scores_encoded`] makes it, bit for
+/// bit. On AVX-512 the rows are read and decoded once for the group (2B4T: four heads a KV
+/// head); elsewhere head by head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_scores_group_encoded(
+    precision: KvPrecision,
+    qs: &[f32],
+    heads: usize,
+    keys: &[u8],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[u8],
+    buf: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        if x86_avx512::attention_scores_group_encoded(t, precision, qs, heads, keys, scale, out, ahead).is_some() {
+            return;
+        }
+    }
+    let (hd, n) = (qs.len() / heads, out.len() / heads);
+    // n.max(1): no positions is no scores to write (chunks of 0 would panic).
+    for (g, (q, o)) in qs.chunks_exact(hd.max(1)).zip(out.chunks_exact_mut(n.max(1))).enumerate() {
+        attention_scores_encoded(precision, q, keys, scale, o, if g == 0 { ahead } else { &[] }, buf);
+    }
+}
+
+/// The weighted sums of the `heads` heads of one group over their shared encoded values (`ws`:
+/// `heads` rows of n; `os`: `heads` rows of hd), each as [`attention_weighted_sum_encoded`]
+/// leaves it, bit for bit (see [`attention_scores_group_encoded`]).
+pub(crate) fn attention_weighted_sum_group_encoded(
+    precision: KvPrecision,
+    ws: &[f32],
+    heads: usize,
+    values: &[u8],
+    os: &mut [f32],
+    ahead: &[u8],
+    buf: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx512::Avx512::new() {
+        if x86_avx512::attention_weighted_sum_group_encoded(t, precision, ws, heads, values, os, ahead).is_some() {
+            return;
+        }
+    }
+    let (n, hd) = (ws.len() / heads, os.len() / heads);
+    for (g, (w, o)) in ws.chunks_exact(n.max(1)).zip(os.chunks_exact_mut(hd.max(1))).enumerate() {
+        attention_weighted_sum_encoded(precision, w, values, o, if g == 0 { ahead } else { &[] }, buf);
+    }
+}
+
 /// Calls `$f` with the precision as a constant, so that the inlined `decode` keeps one arm.
 macro_rules! with_const_precision {
     ($p:expr, $f:ident($($arg:expr),*)) => {
@@ -2235,6 +2299,23 @@ mod tests {
                 super::decode_kv_rows(p, &rows, hd, &mut da);
                 super::decode_kv_rows_portable(p, &rows, hd, &mut db);
                 assert!(same(&da, &db), "{p} hd {hd} decoded rows");
+                // Groups of 1 to 5 heads over the same rows: each head's scores and sums as the
+                // single-head entry points make them.
+                for heads in 1..=5usize {
+                    let qs: Vec<f32> = (0..heads * hd).map(|_| g.unit_f32() * 2.0 - 1.0).collect();
+                    let ws: Vec<f32> = (0..heads * n).map(|_| g.unit_f32()).collect();
+                    let (mut ga, mut one) = (vec![0f32; heads * n], vec![0f32; n]);
+                    super::attention_scores_group_encoded(p, &qs, heads, &rows, 0.125, &mut ga, &rows[..7], &mut buf);
+                    let (mut oa, mut o1) = (vec![0.5f32; heads * hd], vec![0f32; hd]);
+                    super::attention_weighted_sum_group_encoded(p, &ws, heads, &rows, &mut oa, &[], &mut buf);
+                    for h in 0..heads {
+                        super::attention_scores_encoded(p, &qs[h * hd..][..hd], &rows, 0.125, &mut one, &[], &mut buf);
+                        assert!(same(&ga[h * n..][..n], &one), "{p} hd {hd} group of {heads}, head {h} scores");
+                        o1.fill(0.5);
+                        super::attention_weighted_sum_encoded(p, &ws[h * n..][..n], &rows, &mut o1, &[], &mut buf);
+                        assert!(same(&oa[h * hd..][..hd], &o1), "{p} hd {hd} group of {heads}, head {h} sums");
+                    }
+                }
                 // Every fp8 code alone: the reader's float is the decode's.
                 if p == KvPrecision::Fp8 && hd == 128 {
                     let mut row = vec![0u8; p.bytes_per_vector(256)];

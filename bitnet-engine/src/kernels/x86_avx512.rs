@@ -1762,6 +1762,82 @@ pub(crate) fn attention_weighted_sum_encoded(
     )
 }
 
+/// [`super::attention_scores_group_encoded`]: the `heads` query heads of one grouped-query
+/// group over their shared encoded keys, each block of keys read and decoded once for all of
+/// them (four heads a pass, as [`scores_group_impl`] does for f32 and f16), by the row reader of
+/// the precision. `None` where there is none (a head dimension of 0): the caller goes head by
+/// head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_scores_group_encoded(
+    _t: Avx512,
+    precision: crate::model::KvPrecision,
+    qs: &[f32],
+    heads: usize,
+    keys: &[u8],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[u8],
+) -> Option<()> {
+    assert!(heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads));
+    let (hd, n) = (qs.len() / heads, out.len() / heads);
+    let vb = precision.bytes_per_vector(hd);
+    assert!(keys.len() >= n * vb);
+    with_row_reader!(
+        precision,
+        keys,
+        hd,
+        vb,
+        // SAFETY: the token proves AVX-512 F/BW/VL/DQ and F16C; the assert gives each of the
+        // `n` rows its `vb` bytes inside `keys` (the reader's `row_bytes`, asserted), the
+        // reader's loads stay inside a row, and `qs`/`out` hold `heads` rows of hd and n (the
+        // first assert); `ahead` is only prefetched, which never faults.
+        |rows| Some(unsafe { scores_group_encoded(qs, heads, rows, scale, out, ahead) }),
+        None
+    )
+}
+
+/// [`super::attention_weighted_sum_group_encoded`], as [`attention_scores_group_encoded`].
+pub(crate) fn attention_weighted_sum_group_encoded(
+    _t: Avx512,
+    precision: crate::model::KvPrecision,
+    ws: &[f32],
+    heads: usize,
+    values: &[u8],
+    os: &mut [f32],
+    ahead: &[u8],
+) -> Option<()> {
+    assert!(heads > 0 && ws.len().is_multiple_of(heads) && os.len().is_multiple_of(heads));
+    let (n, hd) = (ws.len() / heads, os.len() / heads);
+    let vb = precision.bytes_per_vector(hd);
+    assert!(values.len() >= n * vb);
+    with_row_reader!(
+        precision,
+        values,
+        hd,
+        vb,
+        // SAFETY: as for the scores, with the `n` rows of `values` and `heads` rows of `ws`/`os`.
+        |rows| Some(unsafe { axpy_group_encoded(ws, heads, rows, os, ahead) }),
+        None
+    )
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_group_encoded<R: KvRowReader>(
+    qs: &[f32],
+    heads: usize,
+    keys: R,
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[u8],
+) {
+    scores_group_impl(qs, heads, keys, scale, out, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_group_encoded<R: KvRowReader>(ws: &[f32], heads: usize, values: R, os: &mut [f32], ahead: &[u8]) {
+    axpy_group_impl(ws, heads, values, os, ahead)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
 unsafe fn scores_encoded<R: KvRowReader>(q: &[f32], keys: R, scale: f32, out: &mut [f32], ahead: &[u8]) {
     scores_impl(q, keys, scale, out, ahead)
@@ -2238,7 +2314,14 @@ unsafe fn axpy_block<R: KvRowReader, A, const C: usize>(
 /// Every score is the per-head kernel's, bit for bit: each (key, head) accumulator is built
 /// chunk by chunk as there, and reduced by the same tree.
 #[inline(always)]
-unsafe fn scores_group_impl<K: Lanes>(qs: &[f32], heads: usize, keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+unsafe fn scores_group_impl<R: KvRowReader, A>(
+    qs: &[f32],
+    heads: usize,
+    keys: R,
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[A],
+) {
     let (hd, n) = (qs.len() / heads, out.len() / heads);
     let mut h = 0;
     while h < heads {
@@ -2247,11 +2330,11 @@ unsafe fn scores_group_impl<K: Lanes>(qs: &[f32], heads: usize, keys: &[K], scal
         let (q, o) = (&qs[h * hd..], &mut out[h * n..]);
         h += match heads - h {
             1 => {
-                scores_impl(&q[..hd], PlainRows { p: keys.as_ptr(), hd }, scale, &mut o[..n], ah);
+                scores_impl(&q[..hd], keys, scale, &mut o[..n], ah);
                 1
             }
-            2 | 3 => scores_heads::<K, 2, 8>(q, hd, keys, scale, o, n, ah),
-            _ => scores_heads::<K, 4, 4>(q, hd, keys, scale, o, n, ah),
+            2 | 3 => scores_heads::<R, A, 2, 8>(q, hd, keys, scale, o, n, ah),
+            _ => scores_heads::<R, A, 4, 4>(q, hd, keys, scale, o, n, ah),
         };
     }
 }
@@ -2259,18 +2342,18 @@ unsafe fn scores_group_impl<K: Lanes>(qs: &[f32], heads: usize, keys: &[K], scal
 /// H heads (rows of `qs`) × `n` keys, KP = 16 / H keys a pass: one accumulator per (key, head),
 /// reduced together by [`reduce_tree16`]. Returns H.
 #[inline(always)]
-unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
+unsafe fn scores_heads<R: KvRowReader, A, const H: usize, const KP: usize>(
     qs: &[f32],
     hd: usize,
-    keys: &[K],
+    keys: R,
     scale: f32,
     out: &mut [f32],
     n: usize,
-    ahead: &[K],
+    ahead: &[A],
 ) -> usize {
     const { assert!(H * KP == 16) };
-    debug_assert!(qs.len() >= H * hd && out.len() >= H * n && keys.len() >= n * hd);
-    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), keys.as_ptr() as *const u8);
+    debug_assert!(qs.len() >= H * hd && out.len() >= H * n);
+    let (row_bytes, base) = (keys.row_bytes(), keys.base());
     let steps = n / KP + 1;
     let shares = PrefetchShares::new(ahead, steps);
     prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, n);
@@ -2280,7 +2363,7 @@ unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
         prefetch_kv_rows(base, row_bytes, p + KV_PREFETCH_ROWS, p + KV_PREFETCH_ROWS + KP, n);
         shares.issue(p / KP);
         // Lane h·KP + k: head h, key p + k.
-        let v = _mm512_mul_ps(scores_block::<K, H, KP>(qs, hd, keys.as_ptr().add(p * hd)), sc);
+        let v = _mm512_mul_ps(scores_block::<R, H, KP>(qs, hd, keys, p), sc);
         for h in 0..H {
             // Lanes h·KP..(h + 1)·KP, stored at out[h·n + p..]: the store's lane 0 falls
             // h·KP floats before it (masked off, never written).
@@ -2292,17 +2375,26 @@ unsafe fn scores_heads<K: Lanes, const H: usize, const KP: usize>(
     shares.issue(steps - 1);
     for p in p..n {
         for h in 0..H {
-            let rows = PlainRows { p: keys.as_ptr(), hd };
-            out[h * n + p] = score_one(qs.as_ptr().add(h * hd), rows, rows.row(p), hd) * scale;
+            out[h * n + p] = score_one(qs.as_ptr().add(h * hd), keys, keys.row(p), hd) * scale;
         }
     }
     H
 }
 
-/// Unscaled scores of KP keys from `k` × H heads, lane h·KP + k (see [`reduce_tree16`]'s
-/// accumulator order): each key's chunk is loaded once for the H heads.
+/// Unscaled scores of the KP keys from row `p0` × H heads, lane h·KP + k (see
+/// [`reduce_tree16`]'s accumulator order): each key's chunk is loaded (and decoded) once for
+/// the H heads.
 #[inline(always)]
-unsafe fn scores_block<K: Lanes, const H: usize, const KP: usize>(qs: &[f32], hd: usize, k: *const K) -> __m512 {
+unsafe fn scores_block<R: KvRowReader, const H: usize, const KP: usize>(
+    qs: &[f32],
+    hd: usize,
+    keys: R,
+    p0: usize,
+) -> __m512 {
+    let mut rows = [keys.row(p0); KP];
+    for (k, r) in rows.iter_mut().enumerate().skip(1) {
+        *r = keys.row(p0 + k);
+    }
     let mut acc = [_mm512_setzero_ps(); 16];
     let mut i = 0;
     while i < hd {
@@ -2312,8 +2404,8 @@ unsafe fn scores_block<K: Lanes, const H: usize, const KP: usize>(qs: &[f32], hd
         for h in 0..H {
             qv[h] = f32::load16(qs.as_ptr().add(h * hd + i), w);
         }
-        for key in 0..KP {
-            let kv = K::load16(k.add(key * hd + i), w);
+        for (key, row) in rows.iter().enumerate() {
+            let kv = keys.load16(*row, i, w);
             for h in 0..H {
                 // Output lane L = h·KP + key comes from accumulator 4(L mod 4) + L / 4.
                 let l = h * KP + key;
@@ -2332,7 +2424,7 @@ unsafe fn scores_block<K: Lanes, const H: usize, const KP: usize>(qs: &[f32], hd
 /// [`axpy_impl`]), each value chunk loaded (and converted) once for all of them. Each lane adds
 /// its products in position order, as the per-head kernel does: the same floats.
 #[inline(always)]
-unsafe fn axpy_group_impl<K: Lanes>(ws: &[f32], heads: usize, values: &[K], os: &mut [f32], ahead: &[K]) {
+unsafe fn axpy_group_impl<R: KvRowReader, A>(ws: &[f32], heads: usize, values: R, os: &mut [f32], ahead: &[A]) {
     let (n, hd) = (ws.len() / heads, os.len() / heads);
     let mut h = 0;
     while h < heads {
@@ -2340,27 +2432,27 @@ unsafe fn axpy_group_impl<K: Lanes>(ws: &[f32], heads: usize, values: &[K], os: 
         let (w, o) = (&ws[h * n..], &mut os[h * hd..]);
         h += match heads - h {
             1 => {
-                axpy_impl(&w[..n], PlainRows { p: values.as_ptr(), hd }, &mut o[..hd], ah);
+                axpy_impl(&w[..n], values, &mut o[..hd], ah);
                 1
             }
-            2 | 3 => axpy_heads::<K, 2, 8>(w, n, values, o, hd, ah),
-            _ => axpy_heads::<K, 4, 4>(w, n, values, o, hd, ah),
+            2 | 3 => axpy_heads::<R, A, 2, 8>(w, n, values, o, hd, ah),
+            _ => axpy_heads::<R, A, 4, 4>(w, n, values, o, hd, ah),
         };
     }
 }
 
 /// H heads' weighted sums, C ≤ 16 / H vectors of dims a pass over the positions. Returns H.
 #[inline(always)]
-unsafe fn axpy_heads<K: Lanes, const H: usize, const C: usize>(
+unsafe fn axpy_heads<R: KvRowReader, A, const H: usize, const C: usize>(
     ws: &[f32],
     n: usize,
-    values: &[K],
+    values: R,
     os: &mut [f32],
     hd: usize,
-    ahead: &[K],
+    ahead: &[A],
 ) -> usize {
-    debug_assert!(ws.len() >= H * n && os.len() >= H * hd && values.len() >= n * hd);
-    let (row_bytes, base) = (hd * std::mem::size_of::<K>(), values.as_ptr() as *const u8);
+    debug_assert!(ws.len() >= H * n && os.len() >= H * hd);
+    let (row_bytes, base) = (values.row_bytes(), values.base());
     prefetch_kv_rows(base, row_bytes, 0, KV_PREFETCH_ROWS, n);
     let shares = PrefetchShares::new(ahead, n);
     let mut d0 = 0;
@@ -2384,11 +2476,12 @@ unsafe fn axpy_heads<K: Lanes, const H: usize, const C: usize>(
             for h in 0..H {
                 wv[h] = _mm512_set1_ps(*ws.get_unchecked(h * n + p));
             }
+            let row = values.row(p);
             for c in 0..C {
                 if width(c) == 0 {
                     break;
                 }
-                let v = K::load16(values.as_ptr().add(p * hd + d0 + 16 * c), width(c));
+                let v = values.load16(row, d0 + 16 * c, width(c));
                 for h in 0..H {
                     acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(wv[h], v));
                 }
@@ -2447,7 +2540,7 @@ macro_rules! attention_group_entry {
             out: &mut [f32],
             ahead: &[$t],
         ) {
-            assert!(heads > 0 && qs.len() % heads == 0 && out.len() % heads == 0);
+            assert!(heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads));
             assert!(keys.len() >= out.len() / heads * (qs.len() / heads));
             // SAFETY: the token proves AVX-512 F/BW/VL/F16C; every load stays inside `qs` and
             // `keys` and every store inside `out` (rows of hd and n, masked at the ends), as the
@@ -2456,18 +2549,19 @@ macro_rules! attention_group_entry {
         }
         /// [`axpy_group_impl`]: `heads` rows of `ws` over the values, into `heads` rows of `os`.
         pub(crate) fn $axpy(_t: Avx512, ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
-            assert!(heads > 0 && ws.len() % heads == 0 && os.len() % heads == 0);
+            assert!(heads > 0 && ws.len().is_multiple_of(heads) && os.len().is_multiple_of(heads));
             assert!(values.len() >= ws.len() / heads * (os.len() / heads));
             // SAFETY: as above, for `ws`, `values` and `os`.
             unsafe { $ai(ws, heads, values, os, ahead) }
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
         unsafe fn $si(qs: &[f32], heads: usize, keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            scores_group_impl(qs, heads, keys, scale, out, ahead)
+            let rows = PlainRows { p: keys.as_ptr(), hd: qs.len() / heads };
+            scores_group_impl(qs, heads, rows, scale, out, ahead)
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
         unsafe fn $ai(ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
-            axpy_group_impl(ws, heads, values, os, ahead)
+            axpy_group_impl(ws, heads, PlainRows { p: values.as_ptr(), hd: os.len() / heads }, os, ahead)
         }
     };
 }

@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
 use crate::kernels::{
-    attention_scores, attention_scores_encoded, attention_scores_group, attention_weighted_sum,
-    attention_weighted_sum_encoded, attention_weighted_sum_group, decode_kv_rows, head_matmul, prefetch_l2,
+    attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
+    attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
+    attention_weighted_sum_group_encoded, decode_kv_rows, encoded_groups_read_once, head_matmul, prefetch_l2,
     q6k_lanes_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
     KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
 };
@@ -931,7 +932,8 @@ const HEAD_MAJOR_ROWS: usize = 4;
 /// Most query heads one attention work item reads its KV head's rows for ([`heads_per_item`]).
 const GROUP_HEADS_MAX: usize = 4;
 
-/// Query heads per attention item of an f32/f16 cache: the largest of 4, 2 that divides the
+/// Query heads per attention item (f32 and f16 caches, and encoded ones where their group
+/// kernels decode each row once for the group: AVX-512, decode steps): the largest of 4, 2 that divides the
 /// group and still leaves the `kv_items` × (group / that) items evenly or finely split over the
 /// threads (2B4T, one token, 2 threads: 5 KV heads → 10 items of 2 heads), else 1. An item
 /// reads its KV head's keys and values once for all its heads (each head's floats unchanged),
@@ -969,8 +971,11 @@ fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let precision = kv.precision();
     let head_major = precision.is_encoded() && rows >= HEAD_MAJOR_ROWS;
-    // Query heads per work item: 1, or a share of a KV head's group read in one pass.
-    let sg = if precision.is_encoded() { 1 } else { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) };
+    // Query heads per work item: 1, or a share of a KV head's group read in one pass (encoded
+    // rows only where the group kernels decode them once, and not for a prompt's head-major
+    // items, which decode each head's rows once into f32 first).
+    let grouped = !precision.is_encoded() || (!head_major && encoded_groups_read_once());
+    let sg = if grouped { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) } else { 1 };
     let items_per_row = heads / sg;
     // Item i's (row, first head).
     let at = |i: usize| if head_major { (i % rows, i / rows) } else { (i / items_per_row, i % items_per_row * sg) };
@@ -1018,7 +1023,10 @@ fn attention(
                     match (&keys, &values) {
                         (KvRows::F32(k), KvRows::F32(v)) => attention_scores_group(qs, sg, k, scale, scores, v),
                         (KvRows::F16(k), KvRows::F16(v)) => attention_scores_group(qs, sg, k, scale, scores, v),
-                        _ => unreachable!("grouped items are made for f32 and f16 caches only"),
+                        (KvRows::Encoded(k), KvRows::Encoded(v)) => {
+                            attention_scores_group_encoded(precision, qs, sg, k, scale, scores, v, &mut s.decoded)
+                        }
+                        _ => unreachable!("keys and values of one cache share a store type"),
                     }
                     let t1 = s.rec.end(ctx, Stage::Qk, t0, kv_bytes);
                     for w in scores.chunks_exact_mut(n) {
@@ -1031,7 +1039,12 @@ fn attention(
                         (KvRows::F32(v), _) => attention_weighted_sum_group(scores, sg, v, o, &[]),
                         (KvRows::F16(v), Some(KvRows::F16(nk))) => attention_weighted_sum_group(scores, sg, v, o, nk),
                         (KvRows::F16(v), _) => attention_weighted_sum_group(scores, sg, v, o, &[]),
-                        _ => unreachable!("grouped items are made for f32 and f16 caches only"),
+                        (KvRows::Encoded(v), Some(KvRows::Encoded(nk))) => {
+                            attention_weighted_sum_group_encoded(precision, scores, sg, v, o, nk, &mut s.decoded)
+                        }
+                        (KvRows::Encoded(v), _) => {
+                            attention_weighted_sum_group_encoded(precision, scores, sg, v, o, &[], &mut s.decoded)
+                        }
                     }
                     s.rec.chunk_end = s.rec.end(ctx, Stage::Av, t2, kv_bytes);
                     continue;
