@@ -341,7 +341,13 @@ impl State {
                 &mut self.mm,
                 [&mut self.q[..rows * qd], &mut self.k[..rows * kvd], &mut self.v[..rows * kvd]],
                 &mut self.workers,
-                &NextInputs { norm: lw.attn_sub_norm.as_deref(), rows: &[], act: None, n_rows: rows },
+                &NextInputs {
+                    residual: None,
+                    norm: lw.attn_sub_norm.as_deref(),
+                    norm_out: None,
+                    act: None,
+                    n_rows: rows,
+                },
             )?;
             let rec = &mut self.workers[0].rec;
             rec.time(attn, Stage::Rope, 0, || {
@@ -391,8 +397,9 @@ impl State {
                 &mut self.workers,
                 o_ctx,
                 &NextInputs {
+                    residual: Some(&self.x[..rows * h]),
                     norm: Some(&lw.ffn_norm),
-                    rows: &[&self.x[..rows * h], &self.xb[..rows * h]],
+                    norm_out: Some(&self.xb[..rows * h]),
                     act: Some(&self.act_hidden),
                     n_rows: rows,
                 },
@@ -419,7 +426,13 @@ impl State {
                 &mut self.mm,
                 &mut self.gate[..rows * ffn],
                 &mut self.workers,
-                &NextInputs { norm: lw.ffn_sub_norm.as_deref(), rows: &[], act: Some(&self.act_ffn), n_rows: rows },
+                &NextInputs {
+                    residual: None,
+                    norm: lw.ffn_sub_norm.as_deref(),
+                    norm_out: None,
+                    act: Some(&self.act_ffn),
+                    n_rows: rows,
+                },
             )?;
             let rec = &mut self.workers[0].rec;
             if let Some(sub) = &lw.ffn_sub_norm {
@@ -441,8 +454,9 @@ impl State {
                 &mut self.workers,
                 down_ctx,
                 &NextInputs {
+                    residual: Some(&self.x[..rows * h]),
                     norm: Some(w.layers.get(l + 1).map_or(&w.output_norm, |next| &next.attn_norm)),
-                    rows: &[&self.x[..rows * h], &self.xb[..rows * h]],
+                    norm_out: Some(&self.xb[..rows * h]),
                     act: Some(&self.act_hidden),
                     n_rows: rows,
                 },
@@ -799,29 +813,32 @@ const PREFETCH_ROWS: usize = 16;
 /// call: norm 1.04 → 0.57 µs, quantize 1.36 → 0.52; a token's norms and quantizations 232 →
 /// 105 µs, of 5–8 ms).
 struct NextInputs<'a> {
+    /// The residual stream the add after the projection reads first (row-sized).
+    residual: Option<&'a [f32]>,
     /// The next norm's weights: always (a few KiB, however many rows).
     norm: Option<&'a [f32]>,
-    /// Row-sized buffers: only for up to [`PREFETCH_ROWS`] rows.
-    rows: &'a [&'a [f32]],
+    /// The norm's output (row-sized).
+    norm_out: Option<&'a [f32]>,
+    /// The activations the quantize stage writes (row-sized).
     act: Option<&'a ActivationBatch>,
+    /// Rows of this forward call: the row-sized buffers only for up to [`PREFETCH_ROWS`].
     n_rows: usize,
 }
 
 impl NextInputs<'_> {
-    /// In the order of use: the residual stream (the first row buffer), the norm's weights,
-    /// then the norm's output and the activations.
+    /// In the order of use: the residual stream, the norm's weights, then the norm's output and
+    /// the activations.
     fn prefetch(&self) {
         let few = self.n_rows <= PREFETCH_ROWS;
-        let (first, rest) = self.rows.split_first().map_or((None, &[][..]), |(f, r)| (Some(*f), r));
-        if let (Some(x), true) = (first, few) {
+        if let (Some(x), true) = (self.residual, few) {
             prefetch_l2(x);
         }
         if let Some(norm) = self.norm {
             prefetch_l2(norm);
         }
         if few {
-            for r in rest {
-                prefetch_l2(r);
+            if let Some(out) = self.norm_out {
+                prefetch_l2(out);
             }
             if let Some(act) = self.act {
                 act.prefetch();
