@@ -57,6 +57,8 @@ fn a_run_emits_exactly_the_expected_spans() {
     assert_eq!(get(Phase::Prefill, None, Op::None, Stage::Embed), 1);
     assert_eq!(get(Phase::Decode, None, Op::None, Stage::Embed), d);
     assert_eq!(get(Phase::Decode, None, Op::None, Stage::Sample), d);
+    // RoPE angles once per forward call, the rotations once per layer.
+    assert_eq!(get(Phase::Decode, None, Op::None, Stage::Rope), d);
     let heads = model.config.heads as u64;
     for l in 0..model.config.layers {
         let l = Some(l);
