@@ -83,6 +83,8 @@ struct Worker {
     /// values decoded once for all the rows of a prompt that attend to them.
     prompt_keys: Vec<f32>,
     prompt_values: Vec<f32>,
+    /// `[PROMPT_TILE_ROWS, head_dim]`: the query vectors of a [`prompt_tile`].
+    q_tile: Vec<f32>,
     rec: ThreadRecorder,
 }
 
@@ -201,10 +203,11 @@ impl State {
             workers: (0..opts.threads)
                 .map(|i| Worker {
                     kernel: KernelScratch::for_kernels(padded, rows, kernels()),
-                    scores: vec![0.0; opts.context * GROUP_HEADS_MAX],
+                    scores: vec![0.0; opts.context * GROUP_HEADS_MAX.max(PROMPT_TILE_ROWS)],
                     decoded: vec![0.0; ENCODED_CHUNK_VALUES],
                     prompt_keys: vec![0.0; if encoded_kv { opts.context * hd } else { 0 }],
                     prompt_values: vec![0.0; if encoded_kv { opts.context * hd } else { 0 }],
+                    q_tile: vec![0.0; PROMPT_TILE_ROWS * hd],
                     rec: ThreadRecorder::off(i),
                 })
                 .collect(),
@@ -953,12 +956,126 @@ fn phase_of(seqs: &[usize], positions: &[usize]) -> Phase {
 /// head, so that a thread's items are consecutive rows of one head, and each head's rows are
 /// decoded once per thread for all of them. Row by row, every key and value was decoded once per
 /// query row: large, 128-token prefill, 2 threads, same-session A/B: int4 KV 222–225 → 252–255
-/// tok/s, int8 247–248 → 260–261. For f32 and f16 caches the head-major order measured no
-/// faster (the rows are read, not decoded), so they keep the row-major order.
+/// tok/s, int8 247–248 → 260–261. A prompt chunk (one sequence, consecutive positions) also
+/// attends in tiles of consecutive rows ([`prompt_tile`]) at every precision, unless row-major
+/// items already share each key among as many query heads.
 const HEAD_MAJOR_ROWS: usize = 4;
 
 /// Most query heads one attention work item reads its KV head's rows for ([`heads_per_item`]).
 const GROUP_HEADS_MAX: usize = 4;
+
+/// Query rows of one prompt that attend together in [`prompt_tile`]: the grouped-query
+/// kernels' four heads a pass. Prefill tok/s, 2 threads, context 2000, alternating builds:
+/// large TQ2_0 f16 KV 195–199 → 280–282, int8 181 → 251, fp8 187 → 242; 2B4T TQ2_0 int8
+/// 84–85 → 117–123 (2B4T with f16 keeps its row-major items of four heads).
+const PROMPT_TILE_ROWS: usize = 4;
+
+/// Whether the rows are one sequence at consecutive positions (a prompt chunk).
+fn is_one_prompt(seqs: &[usize], positions: &[usize]) -> bool {
+    seqs.iter().all(|&s| s == seqs[0]) && positions.iter().enumerate().all(|(i, &p)| p == positions[0] + i)
+}
+
+/// What every [`prompt_tile`] of one attention call shares.
+struct PromptTileArgs<'a> {
+    kv: &'a KvCache,
+    layer: usize,
+    q: &'a [f32],
+    seqs: &'a [usize],
+    positions: &'a [usize],
+    heads: usize,
+    group: usize,
+    scale: f32,
+    ctx: SpanCtx,
+}
+
+/// Attention of query head `head` for the prompt rows `rows` (consecutive positions of one
+/// sequence, at most [`PROMPT_TILE_ROWS`]) into `out` (`rows.len()` × hd): the rows' query
+/// vectors go through the grouped-query kernels as if they were heads of one group, so each key
+/// and value is loaded (and converted) once for the tile instead of once per row. Every float is
+/// the row-by-row path's:
+/// - the scores of all rows run over the last row's keys; row j uses its own first `n_j`
+///   (each score is computed alone, so the extra ones change nothing), then its softmax;
+/// - the weighted sums run over the keys every row sees together, then each row's few more on
+///   its own, continuing the same per-element sum in the same order.
+///
+/// With an encoded cache the head's rows are decoded into f32 once per thread and (sequence,
+/// KV head) as far as needed (`decoded`: which, and how many rows), as the head-major rows do.
+fn prompt_tile(
+    a: &PromptTileArgs<'_>,
+    head: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+    s: &mut Worker,
+    decoded: &mut Option<((usize, usize), usize)>,
+) {
+    let Worker { scores, q_tile, prompt_keys, prompt_values, rec, .. } = s;
+    let (t, hd) = (rows.len(), out.len() / rows.len());
+    let (seq, kh) = (a.seqs[rows.start], head / a.group);
+    // Keys row j sees: n0 + j.
+    let (n0, n) = (a.positions[rows.start] + 1, a.positions[rows.end - 1] + 1);
+    let t0 = rec.start();
+    let (mut keys, mut values) = (a.kv.key_rows(a.layer, seq, kh, n), a.kv.value_rows(a.layer, seq, kh, n));
+    let precision = a.kv.precision();
+    if let (KvRows::Encoded(k), KvRows::Encoded(v)) = (&keys, &values) {
+        let done = match *decoded {
+            Some((of, rows)) if of == (seq, kh) => rows,
+            _ => 0,
+        };
+        if n > done {
+            let vb = precision.bytes_per_vector(hd);
+            decode_kv_rows(precision, &k[done * vb..], hd, &mut prompt_keys[done * hd..n * hd]);
+            decode_kv_rows(precision, &v[done * vb..], hd, &mut prompt_values[done * hd..n * hd]);
+        }
+        *decoded = Some(((seq, kh), n.max(done)));
+        keys = KvRows::F32(&prompt_keys[..n * hd]);
+        values = KvRows::F32(&prompt_values[..n * hd]);
+    }
+    for (j, r) in rows.clone().enumerate() {
+        q_tile[j * hd..(j + 1) * hd].copy_from_slice(&a.q[(r * a.heads + head) * hd..][..hd]);
+    }
+    let qs = &q_tile[..t * hd];
+    let sc = &mut scores[..t * n];
+    match (&keys, &values) {
+        (KvRows::F32(k), KvRows::F32(v)) => attention_scores_group(qs, t, k, a.scale, sc, v),
+        (KvRows::F16(k), KvRows::F16(v)) => attention_scores_group(qs, t, k, a.scale, sc, v),
+        _ => unreachable!("encoded rows are decoded above; keys and values share a store type"),
+    }
+    // Each row's share of its KV head's bytes, as the row-by-row path counts them.
+    let kv_bytes = rows.clone().map(|r| (a.positions[r] + 1) as u64).sum::<u64>()
+        * precision.bytes_per_vector(hd) as u64
+        / a.group as u64;
+    let t1 = rec.end(a.ctx, Stage::Qk, t0, kv_bytes);
+    // Row j's weights beyond the first n0 (j of them), kept aside, then the rows' first n0
+    // weights packed n0 apart for the grouped sum.
+    let mut tails = [[0f32; PROMPT_TILE_ROWS]; PROMPT_TILE_ROWS];
+    for j in 0..t {
+        let w = &mut sc[j * n..j * n + n0 + j];
+        softmax_in_place(w);
+        tails[j][..j].copy_from_slice(&w[n0..]);
+    }
+    for j in 1..t {
+        sc.copy_within(j * n..j * n + n0, j * n0);
+    }
+    let t2 = rec.end(a.ctx, Stage::Softmax, t1, 0);
+    out.fill(0.0);
+    let ws = &sc[..t * n0];
+    match values {
+        KvRows::F32(v) => {
+            attention_weighted_sum_group(ws, t, &v[..n0 * hd], out, &[]);
+            for j in 1..t {
+                attention_weighted_sum(&tails[j][..j], &v[n0 * hd..(n0 + j) * hd], &mut out[j * hd..(j + 1) * hd], &[]);
+            }
+        }
+        KvRows::F16(v) => {
+            attention_weighted_sum_group(ws, t, &v[..n0 * hd], out, &[]);
+            for j in 1..t {
+                attention_weighted_sum(&tails[j][..j], &v[n0 * hd..(n0 + j) * hd], &mut out[j * hd..(j + 1) * hd], &[]);
+            }
+        }
+        KvRows::Encoded(_) => unreachable!("decoded above"),
+    }
+    rec.chunk_end = rec.end(a.ctx, Stage::Av, t2, kv_bytes);
+}
 
 /// Query heads per attention item (f32 and f16 caches, and encoded ones where their group
 /// kernels decode each row once for the group: AVX-512, decode steps): the largest of 4, 2 that divides the
@@ -998,11 +1115,18 @@ fn attention(
     let group = heads / cfg.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let precision = kv.precision();
-    let head_major = precision.is_encoded() && rows >= HEAD_MAJOR_ROWS;
+    // One prompt's rows: tiles of consecutive rows of one head ([`prompt_tile`]), head-major,
+    // unless row-major items already share each key among as many query heads (f32 and f16
+    // caches of a model whose KV heads serve 4 query heads each, as 2B4T's: there the tiles
+    // measured 8–12% slower, for their copies and extra scores).
+    let row_major_heads =
+        if precision.is_encoded() { 1 } else { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) };
+    let tiled = rows >= HEAD_MAJOR_ROWS && row_major_heads < PROMPT_TILE_ROWS && is_one_prompt(seqs, positions);
+    let head_major = tiled || (precision.is_encoded() && rows >= HEAD_MAJOR_ROWS);
     // Query heads per work item: 1, or a share of a KV head's group read in one pass (encoded
     // rows only where the group kernels decode them once, and not for a prompt's head-major
     // items, which decode each head's rows once into f32 first).
-    let grouped = !precision.is_encoded() || (!head_major && encoded_groups_read_once());
+    let grouped = !tiled && (!precision.is_encoded() || (!head_major && encoded_groups_read_once()));
     let sg = if grouped { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) } else { 1 };
     let items_per_row = heads / sg;
     // Item i's (row, first head).
@@ -1012,7 +1136,30 @@ fn attention(
     workers[0].rec.begin_split(t_split);
     let vec_bytes = precision.bytes_per_vector(hd) as u64;
     let dst = if head_major { &mut scratch[..out.len()] } else { &mut *out };
-    pool.split_blocks(dst, sg * hd, 1, workers, |blocks, s| {
+    let block_items = if tiled { PROMPT_TILE_ROWS } else { 1 };
+    let tile_args = PromptTileArgs { kv, layer, q, seqs, positions, heads, group, scale, ctx };
+    pool.split_blocks(dst, sg * hd, block_items, workers, |blocks, s| {
+        if tiled {
+            // Items are (head, row), head-major: each block's items in runs of up to
+            // PROMPT_TILE_ROWS consecutive rows of one head.
+            let mut decoded = None;
+            let mut started = false;
+            while let Some((first, chunk)) = blocks.next_block() {
+                let items = chunk.len() / hd;
+                let mut j = 0;
+                while j < items {
+                    let (row, head) = ((first + j) % rows, (first + j) / rows);
+                    let t = (items - j).min(rows - row).min(PROMPT_TILE_ROWS);
+                    if !started {
+                        s.rec.chunk_start = s.rec.start();
+                        started = true;
+                    }
+                    prompt_tile(&tile_args, head, row..row + t, &mut chunk[j * hd..(j + t) * hd], s, &mut decoded);
+                    j += t;
+                }
+            }
+            return;
+        }
         let mut started = false;
         // With an encoded cache and head-major items: the (sequence, KV head) whose first
         // `prompt_rows` keys and values are decoded in `s.prompt_keys` / `s.prompt_values`.
