@@ -322,7 +322,7 @@ impl State {
         let kv_token_bytes = self.kv.precision().bytes_per_vector(hd) as u64 * 2 * cfg.kv_heads as u64;
         // The rotation angles of each row's position, once for all layers (a rope span of no
         // layer): a token's 24–30 layers had each computed the same sines and cosines again
-        // (about 20 µs a token on the caller).
+        // (large, one token: the rope stage 23.1 → 17.8 µs a step, on the caller).
         let half = hd / 2;
         self.workers[0].rec.time(ctx, Stage::Rope, 0, || {
             for r in 0..rows {
