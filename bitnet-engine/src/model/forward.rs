@@ -1006,7 +1006,7 @@ fn prompt_tile(
     rows: Range<usize>,
     out: &mut [f32],
     s: &mut Worker,
-    decoded: &mut Option<((usize, usize), usize)>,
+    decoded: &mut DecodedRows,
 ) {
     let Worker { scores, q_tile, prompt_keys, prompt_values, rec, .. } = s;
     let (t, hd) = (rows.len(), out.len() / rows.len());
@@ -1017,16 +1017,7 @@ fn prompt_tile(
     let (mut keys, mut values) = (a.kv.key_rows(a.layer, seq, kh, n), a.kv.value_rows(a.layer, seq, kh, n));
     let precision = a.kv.precision();
     if let (KvRows::Encoded(k), KvRows::Encoded(v)) = (&keys, &values) {
-        let done = match *decoded {
-            Some((of, rows)) if of == (seq, kh) => rows,
-            _ => 0,
-        };
-        if n > done {
-            let vb = precision.bytes_per_vector(hd);
-            decode_kv_rows(precision, &k[done * vb..], hd, &mut prompt_keys[done * hd..n * hd]);
-            decode_kv_rows(precision, &v[done * vb..], hd, &mut prompt_values[done * hd..n * hd]);
-        }
-        *decoded = Some(((seq, kh), n.max(done)));
+        decode_rows_once(precision, (seq, kh), k, v, hd, n, prompt_keys, prompt_values, decoded);
         keys = KvRows::F32(&prompt_keys[..n * hd]);
         values = KvRows::F32(&prompt_values[..n * hd]);
     }
@@ -1075,6 +1066,37 @@ fn prompt_tile(
         KvRows::Encoded(_) => unreachable!("decoded above"),
     }
     rec.chunk_end = rec.end(a.ctx, Stage::Av, t2, kv_bytes);
+}
+
+/// Which (sequence, KV head) a thread's f32 copies of encoded keys and values hold, and how
+/// many of its rows (`None`: nothing yet).
+type DecodedRows = Option<((usize, usize), usize)>;
+
+/// Makes the first `n` keys and values of `of` (encoded `k`, `v`) f32 in `keys_f32` /
+/// `values_f32`, decoding only the rows `decoded` says are not there yet: a thread's prompt
+/// items of one head each need a few rows more than the last.
+#[allow(clippy::too_many_arguments)]
+fn decode_rows_once(
+    precision: KvPrecision,
+    of: (usize, usize),
+    k: &[u8],
+    v: &[u8],
+    hd: usize,
+    n: usize,
+    keys_f32: &mut [f32],
+    values_f32: &mut [f32],
+    decoded: &mut DecodedRows,
+) {
+    let done = match *decoded {
+        Some((held, rows)) if held == of => rows,
+        _ => 0,
+    };
+    if n > done {
+        let vb = precision.bytes_per_vector(hd);
+        decode_kv_rows(precision, &k[done * vb..], hd, &mut keys_f32[done * hd..n * hd]);
+        decode_kv_rows(precision, &v[done * vb..], hd, &mut values_f32[done * hd..n * hd]);
+    }
+    *decoded = Some((of, n.max(done)));
 }
 
 /// Query heads per attention item (f32 and f16 caches, and encoded ones where their group
@@ -1161,10 +1183,9 @@ fn attention(
             return;
         }
         let mut started = false;
-        // With an encoded cache and head-major items: the (sequence, KV head) whose first
-        // `prompt_rows` keys and values are decoded in `s.prompt_keys` / `s.prompt_values`.
-        let mut prompt_of = None;
-        let mut prompt_rows = 0;
+        // With an encoded cache and head-major items: what `s.prompt_keys` / `s.prompt_values`
+        // hold ([`DecodedRows`]).
+        let mut decoded = None;
         while let Some((first, chunk)) = blocks.next_block() {
             let items = chunk.len() / (sg * hd);
             for (j, o) in chunk.chunks_exact_mut(sg * hd).enumerate() {
@@ -1229,17 +1250,20 @@ fn attention(
                 if let (KvRows::Encoded(k), KvRows::Encoded(v), true) = (&keys, &values, head_major) {
                     // Decode only the rows this item needs beyond those already decoded, then
                     // attend over the f32 rows as over an f32 cache.
-                    if prompt_of != Some((seq, kh)) {
-                        (prompt_of, prompt_rows) = (Some((seq, kh)), 0);
-                    }
-                    if pos + 1 > prompt_rows {
-                        let (from, vb) = (prompt_rows, vec_bytes as usize);
-                        decode_kv_rows(precision, &k[from * vb..], hd, &mut s.prompt_keys[from * hd..(pos + 1) * hd]);
-                        decode_kv_rows(precision, &v[from * vb..], hd, &mut s.prompt_values[from * hd..(pos + 1) * hd]);
-                        prompt_rows = pos + 1;
-                    }
-                    keys = KvRows::F32(&s.prompt_keys[..(pos + 1) * hd]);
-                    values = KvRows::F32(&s.prompt_values[..(pos + 1) * hd]);
+                    let n = (pos + 1) * hd;
+                    decode_rows_once(
+                        precision,
+                        (seq, kh),
+                        k,
+                        v,
+                        hd,
+                        pos + 1,
+                        &mut s.prompt_keys,
+                        &mut s.prompt_values,
+                        &mut decoded,
+                    );
+                    keys = KvRows::F32(&s.prompt_keys[..n]);
+                    values = KvRows::F32(&s.prompt_values[..n]);
                 }
                 // The cache is cold at every step (the weights streamed since evicted it), and one
                 // head's rows are a few KiB, too short for the hardware prefetcher: the scores ask
