@@ -247,6 +247,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             // The tg tests' (combined -pg tests are not imported).
             max_new_tokens: entries.iter().filter(|e| e.n_prompt == 0).map(|e| e.n_gen).max().unwrap_or(0),
             seed: 0,
+            // One depth per import (several are refused above).
+            decode_depth: depths.first().copied(),
         },
         roofline: Roofline {
             read_bandwidth_gbps: 0.0,
@@ -254,6 +256,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             by_threads: BTreeMap::new(),
             probes_gbps: BTreeMap::new(),
             int8_peak_gmacs: BTreeMap::new(),
+            probe_bytes: None,
+            step_probe_bytes: None,
         },
         results,
     })

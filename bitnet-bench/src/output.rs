@@ -63,7 +63,7 @@ fn row(r: &BenchResult) -> [String; 17] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}){}; {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}{}){}; {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
         r.model.weight_bytes as f64 / 1048576.0,
@@ -80,6 +80,7 @@ pub fn header(r: &Report) -> String {
         s.logical_cpus,
         r.roofline.read_bandwidth_gbps,
         r.roofline.threads,
+        r.roofline.probe_bytes.map_or(String::new(), |b| format!(", {} probe", mib(b))),
         probes_note(&r.roofline),
         peaks_note(&r.roofline),
         r.settings.warmup,
@@ -88,6 +89,18 @@ pub fn header(r: &Report) -> String {
         if s.huge_pages_requested == Some(false) { "; no huge pages (BITNET_HUGE_PAGES=0)" } else { "" },
         if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
     )
+}
+
+/// A probe's size: `1 GiB`, `64 MiB`, `1.5 MiB`.
+fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / 1048576.0;
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
+        format!("{} GiB", bytes >> 30)
+    } else if m.fract() == 0.0 {
+        format!("{m:.0} MiB")
+    } else {
+        format!("{m:.1} MiB")
+    }
 }
 
 /// The compute rooflines: `; int8 peak avx512/1 233.0, avx512/2 466.1 G multiply-adds/s`.
@@ -185,14 +198,15 @@ pub fn table(r: &Report) -> String {
 /// The terminal table under `headers` (one line per report shown, see [`side_by_side`]).
 pub fn table_with(headers: &[String], r: &Report) -> String {
     let rows: Vec<_> = r.results.iter().map(row).collect();
-    format!("{}\n\n{}\n{}", headers.join("\n"), aligned(&rows, " | ", true), legend())
+    format!("{}\n\n{}\n{}", headers.join("\n"), aligned(&rows, " | ", true), legend(r))
 }
 
-/// What the columns are, under the terminal and Markdown tables.
-fn legend() -> String {
+/// What the columns are, under the terminal and Markdown tables (with `r`'s step probe size,
+/// this build's where an older report does not say).
+fn legend(r: &Report) -> String {
     format!(
-        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} MiB probe right after it, not the header's bandwidth, which is the best of longer probes); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
-        crate::sweep::ROOFLINE_PROBE_BYTES >> 20
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
+        mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
     )
 }
 
@@ -210,7 +224,7 @@ pub fn markdown_with(title: &str, headers: &[String], r: &Report) -> String {
         let _ = writeln!(o, "{h}\n");
     }
     o.push_str(&aligned(&rows, " | ", true));
-    let _ = writeln!(o, "\n{}", legend());
+    let _ = writeln!(o, "\n{}", legend(r));
     o
 }
 
@@ -304,7 +318,7 @@ pub fn side_by_side(reports: &[(String, Report)]) -> anyhow::Result<(Report, Vec
             format!("{name}: {}", header(r))
         } else {
             format!(
-                "{name}: {} {} ({}), {} {} (commit {}) on {}; {} runs × {} new tokens",
+                "{name}: {} {} ({}), {} {} (commit {}) on {}; {} runs × {} new tokens{}",
                 r.model.name,
                 r.model.weight_format,
                 r.model.source,
@@ -313,7 +327,11 @@ pub fn side_by_side(reports: &[(String, Report)]) -> anyhow::Result<(Report, Vec
                 r.tool.git_commit.as_deref().unwrap_or("unknown"),
                 r.system.cpu_model,
                 r.settings.repeat,
-                r.settings.max_new_tokens
+                r.settings.max_new_tokens,
+                // Its tg rows decoded from this cache, not after a prompt of their context.
+                r.settings.decode_depth.map_or(String::new(), |d| format!(
+                    " decoded from a cache of {d} tokens (its tg rows' context column is the pp prompt's)"
+                ))
             )
         });
     }

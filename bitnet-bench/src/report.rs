@@ -78,6 +78,12 @@ pub struct Settings {
     pub max_new_tokens: usize,
     /// Seed of synthetic weights and prompts.
     pub seed: u64,
+    /// Tokens in the KV cache when decoding began, where that is not the context length: an
+    /// imported llama-bench tg test decodes from a cache of its `-d` depth (0 unless `-d` was
+    /// given), whatever its pp test's prompt. Absent in bitnet-bench's own reports, whose runs
+    /// decode right after a prompt of `context_length` tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_depth: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -104,6 +110,15 @@ pub struct Roofline {
     /// at avx2); absent for scalar kernels, older and imported reports.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub int8_peak_gmacs: BTreeMap<String, f64>,
+    /// Bytes each pass of the bandwidth probes above reads (`--probe-mib`: 1 GiB by default,
+    /// 64 MiB with `--quick`, which a large last-level cache partly holds, so it reads faster).
+    /// Absent in older and imported reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_bytes: Option<u64>,
+    /// Bytes of the probe that follows each decode step of the roofline runs, the bandwidth
+    /// behind `decode.roofline_fraction`. Absent in older and imported reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_probe_bytes: Option<u64>,
 }
 
 impl Report {
@@ -567,6 +582,22 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
                 bail!("{name}: {field} is {a}, {first_name}'s is {b}");
             }
         }
+        // The roofline of merged runs is the best probe of any of them: only probes of one size
+        // (a small one partly reads the cache) and decodes from one depth pool.
+        let shown = |v: Option<u64>| v.map_or("absent".to_string(), |b| b.to_string());
+        for (field, a, b) in [
+            ("roofline.probe_bytes", r.roofline.probe_bytes, first.roofline.probe_bytes),
+            ("roofline.step_probe_bytes", r.roofline.step_probe_bytes, first.roofline.step_probe_bytes),
+            (
+                "settings.decode_depth",
+                r.settings.decode_depth.map(|d| d as u64),
+                first.settings.decode_depth.map(|d| d as u64),
+            ),
+        ] {
+            if a != b {
+                bail!("{name}: {field} is {}, {first_name}'s is {}", shown(a), shown(b));
+            }
+        }
         out.complete &= r.complete;
         out.settings.repeat += r.settings.repeat;
         // The roofline of merged runs is the best bandwidth any of them measured.
@@ -640,7 +671,10 @@ mod merge_tests {
     #[test]
     fn reports_of_other_weights_or_settings_are_refused() {
         type Edit = fn(&mut Report);
-        let cases: [(&str, Edit); 6] = [
+        let cases: [(&str, Edit); 9] = [
+            ("roofline.probe_bytes", |r| r.roofline.probe_bytes = Some(64 << 20)),
+            ("roofline.step_probe_bytes", |r| r.roofline.step_probe_bytes = Some(1 << 20)),
+            ("settings.decode_depth", |r| r.settings.decode_depth = Some(0)),
             ("settings.seed", |r| r.settings.seed += 1),
             ("settings.warmup", |r| r.settings.warmup += 1),
             ("settings.max_new_tokens", |r| r.settings.max_new_tokens += 1),

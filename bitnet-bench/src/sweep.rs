@@ -313,6 +313,7 @@ pub fn run_sweep(
             repeat: spec.repeat,
             max_new_tokens: spec.max_new_tokens,
             seed: spec.seed,
+            decode_depth: None,
         },
         roofline: Roofline {
             read_bandwidth_gbps: by_threads[&max_t.to_string()],
@@ -320,6 +321,8 @@ pub fn run_sweep(
             by_threads,
             probes_gbps,
             int8_peak_gmacs: BTreeMap::new(),
+            probe_bytes: Some(spec.probe_bytes as u64),
+            step_probe_bytes: Some(ROOFLINE_PROBE_BYTES as u64),
         },
         results: Vec::new(),
     };

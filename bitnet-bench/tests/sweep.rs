@@ -273,6 +273,10 @@ fn statistics_come_from_the_runs_after_warm_up() {
     assert_eq!(r.roofline.read_bandwidth_gbps, 25.0);
     assert_eq!(r.roofline.probes_gbps["2"], vec![20.0, 25.0]);
     assert!((r.roofline.probe_spread() - 0.2).abs() < 1e-12);
+    // The probes' sizes are recorded: the spec's (1 GiB) and the per-step one.
+    assert_eq!(r.roofline.probe_bytes, Some(1 << 30));
+    assert_eq!(r.roofline.step_probe_bytes, Some(bitnet_bench::sweep::ROOFLINE_PROBE_BYTES as u64));
+    assert_eq!(r.settings.decode_depth, None, "ours decode after their prompt");
     // Quality once per precision; stage shares from the diagnostic run.
     assert_eq!(first.quality.as_ref().unwrap().kl_divergence, 0.001);
     assert_eq!(r.results[2].quality.as_ref().unwrap().kl_divergence, 0.01);

@@ -214,6 +214,11 @@ fn llama_bench_json_imports_into_a_valid_report() {
     assert_eq!(code, 0, "{err}");
     assert!(table.contains(&format!("{ours}: bitnet-b1.58-large")), "{table}");
     assert!(table.contains(&format!("{lb}: ")) && table.contains("llama-bench imported (commit"), "{table}");
+    // Its tg decoded from an empty cache (no -d), not after its 32-token pp prompt: said in its
+    // header line, since the row's context column is the pp test's.
+    assert_eq!(r["settings"]["decode_depth"], 0);
+    let lb_header = table.lines().find(|l| l.starts_with(&format!("{lb}: "))).unwrap();
+    assert!(lb_header.contains("decoded from a cache of 0 tokens"), "{lb_header}");
     let llama_row = table.lines().find(|l| l.contains("| llama.cpp")).expect("a llama.cpp row");
     assert!(llama_row.contains("|  148.1 |"), "llama-bench's pp32 median: {llama_row}");
     assert!(

@@ -401,10 +401,14 @@ fn across_notes(base: &Report, new: &Report) -> Vec<String> {
         new.tool.name,
         labels(new)
     )];
-    if [base, new].iter().any(|r| r.tool.name == "llama-bench") {
-        notes.push(
-            "decode: llama-bench's tg test decodes from a cache of its -d depth (0 by default), bitnet-bench after a prompt of the context length, so at long contexts ours also pays attention over the prompt; prefill and TTFT are like for like".into(),
-        );
+    if let Some(peer) = [base, new].into_iter().find(|r| r.tool.name == "llama-bench") {
+        let depth = match peer.settings.decode_depth {
+            Some(d) => format!("from a cache of {d} tokens (its -d)"),
+            None => "from a cache of its -d depth (0 by default)".into(),
+        };
+        notes.push(format!(
+            "decode: llama-bench's tg test decodes {depth}, bitnet-bench after a prompt of the context length, so at long contexts ours also pays attention over the prompt; prefill and TTFT are like for like"
+        ));
     }
     notes
 }
@@ -431,13 +435,28 @@ fn probes_apart<'a>(
 /// that size may be the machine's. Not an environment warning (`--strict-env` would then
 /// refuse most pairs of runs on such machines).
 pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
-    probes_apart(&base.roofline.by_threads, &new.roofline.by_threads, threshold)
+    let mut notes: Vec<String> = probes_apart(&base.roofline.by_threads, &new.roofline.by_threads, threshold)
         .map(|(threads, b, n)| format!(
             "the memory read bandwidth probed beside the runs differs: {b:.1} → {n:.1} GB/s with {threads} thread(s) ({:+.1}%, beyond the ±{:.1}% threshold); decode tokens/s follows the machine's bandwidth, so a change of that size may be the machine's, not the code's; decode.roofline_fraction (each step over a probe taken right after it) is compared across such runs",
             (n / b - 1.0) * 100.0,
             threshold * 100.0
         ))
-        .collect()
+        .collect();
+    // Probes of different sizes measure different things: one the last-level cache partly
+    // holds (--quick's 64 MiB on a 32 MiB L3) reads faster than DRAM.
+    for (field, b, n, figure) in [
+        ("probe_bytes", base.roofline.probe_bytes, new.roofline.probe_bytes, "the bandwidths above"),
+        ("step_probe_bytes", base.roofline.step_probe_bytes, new.roofline.step_probe_bytes, "decode.roofline_fraction"),
+    ] {
+        if let (Some(b), Some(n)) = (b, n) {
+            if b != n {
+                notes.push(format!(
+                    "the bandwidth probes read buffers of different sizes (roofline.{field}: {b} → {n} bytes): a probe the last-level cache partly holds reads faster than one from memory, so {figure} of the two reports are not like for like"
+                ));
+            }
+        }
+    }
+    notes
 }
 
 /// Notes where the int8 compute peak each report probed (`roofline.int8_peak_gmacs`, per ISA

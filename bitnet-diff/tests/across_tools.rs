@@ -52,7 +52,14 @@ fn an_imported_llama_bench_report_pairs_with_ours_by_setting() {
     assert_eq!(c.added[0].batch, 4);
     // The notes say how it paired and that decode starts from different caches.
     assert!(c.notes.iter().any(|n| n.contains("paired by batch, context length, KV precision and threads")));
-    assert!(c.notes.iter().any(|n| n.contains("-d depth")));
+    // The imported report knows its depth (0: no -d given), and the note says it.
+    assert_eq!(base.settings.decode_depth, Some(0));
+    assert!(c.notes.iter().any(|n| n.contains("decodes from a cache of 0 tokens (its -d)")), "{:?}", c.notes);
+    // One imported before the report kept the depth says what -d means instead.
+    let mut older = base.clone();
+    older.settings.decode_depth = None;
+    let c2 = compare(&older, &new, ("lb.json", "ours.json"), &metrics(), 0.05, 1).unwrap();
+    assert!(c2.notes.iter().any(|n| n.contains("-d depth (0 by default)")), "{:?}", c2.notes);
     // Labels and byte counts that differ by tool are not warned about; one file name is one
     // model, whatever its directory.
     for w in &c.env_warnings {

@@ -77,3 +77,33 @@ fn probes_within_the_threshold_get_no_note_and_either_direction_is_named() {
     none.roofline.by_threads.clear();
     assert!(bitnet_diff::compare::bandwidth_notes(&none, &on_slower_host(&b, 0.5), 0.05).is_empty());
 }
+
+#[test]
+fn probes_of_different_sizes_are_named_and_unknown_sizes_are_not() {
+    // A --quick baseline (64 MiB probes, which a 32 MiB L3 partly holds) against a full run.
+    let (mut quick, mut full) = (base(), base());
+    quick.roofline.probe_bytes = Some(64 << 20);
+    full.roofline.probe_bytes = Some(1 << 30);
+    for r in [&mut quick, &mut full] {
+        r.roofline.step_probe_bytes = Some(128 << 20);
+    }
+    let c = compare(&quick, &full, ("quick.json", "full.json"), &metrics(), 0.05, 1).unwrap();
+    let sized: Vec<&String> = c.notes.iter().filter(|n| n.contains("buffers of different sizes")).collect();
+    assert_eq!(sized.len(), 1, "{:?}", c.notes);
+    assert!(sized[0].contains("roofline.probe_bytes: 67108864 → 1073741824 bytes"), "{}", sized[0]);
+    // The step probes differ too: the roofline fractions are named.
+    full.roofline.step_probe_bytes = Some(16 << 20);
+    let c = compare(&quick, &full, ("quick.json", "full.json"), &metrics(), 0.05, 1).unwrap();
+    assert!(
+        c.notes.iter().any(|n| n.contains("roofline.step_probe_bytes") && n.contains("decode.roofline_fraction")),
+        "{:?}",
+        c.notes
+    );
+    // Equal sizes, or a report that does not say (older, imported), give no such note.
+    let c = compare(&quick, &quick.clone(), ("a", "b"), &metrics(), 0.05, 1).unwrap();
+    assert!(c.notes.iter().all(|n| !n.contains("different sizes")), "{:?}", c.notes);
+    let mut older = full.clone();
+    (older.roofline.probe_bytes, older.roofline.step_probe_bytes) = (None, None);
+    let c = compare(&older, &quick, ("a", "b"), &metrics(), 0.05, 1).unwrap();
+    assert!(c.notes.iter().all(|n| !n.contains("different sizes")), "{:?}", c.notes);
+}
