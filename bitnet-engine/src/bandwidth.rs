@@ -4,8 +4,6 @@
 //! last-level cache with wide loads and independent accumulators; the best of several passes is
 //! reported (the least disturbed one on a shared machine), as STREAM does.
 
-use std::time::Instant;
-
 use crate::aligned::PageVec;
 use crate::error::{Error, Result};
 
@@ -74,21 +72,12 @@ impl ProbeBuffer {
     /// read 27 and 57 GB/s in alternation while the steps between them ran at a steady speed;
     /// the pool's threads read 48-59 GB/s in the same setting.
     pub fn read_gbps_on(&self, pool: &crate::model::pool::WorkerPool) -> (u64, f64) {
-        let threads = pool.threads();
-        let per = (self.words.len() / 8).div_ceil(threads) * 8;
-        let mut sums = vec![0u64; threads];
-        let now = Instant::now();
-        let mut times = vec![(now, now); threads];
-        pool.split(&mut sums, 1, 1, &mut times, |i, sum, t| {
-            let share = &self.words[(i * per).min(self.words.len())..((i + 1) * per).min(self.words.len())];
-            let t0 = Instant::now();
-            sum[0] = sum_words(share);
-            *t = (t0, Instant::now());
+        let per = (self.words.len() / 8).div_ceil(pool.threads()) * 8;
+        let (sums, secs) = pool.timed_on_each(|i| {
+            sum_words(&self.words[(i * per).min(self.words.len())..((i + 1) * per).min(self.words.len())])
         });
-        let start = times.iter().map(|t| t.0).min().expect("at least one thread");
-        let end = times.iter().map(|t| t.1).max().expect("at least one thread");
         let sum = sums.iter().fold(0u64, |a, s| a.wrapping_add(*s));
-        (sum, self.bytes() as f64 / (end - start).as_secs_f64().max(1e-9) / 1e9)
+        (sum, self.bytes() as f64 / secs / 1e9)
     }
 
     /// Reads the whole buffer with `threads` threads, `passes` times (plus one warm-up); with

@@ -63,22 +63,16 @@ fn operands() -> ([u8; 64], [i8; 64]) {
 /// to the last one's end.
 fn timed_pass(pool: &WorkerPool, isa: IsaLevel, rounds: u64) -> Result<f64> {
     let (a, b) = operands();
-    let mut spans = vec![None; pool.threads()];
-    let mut scratch = vec![(); pool.threads()];
-    pool.split(&mut spans, 1, 1, &mut scratch, |_, span, _| {
-        let t0 = Instant::now();
-        // `measure_int8_peak` ran the loop at this level before: it cannot fail here.
-        span[0] = crate::kernels::int8_mac_chains(isa, rounds, &a, &b).ok().map(|sums| {
-            std::hint::black_box(sums);
-            (t0, Instant::now())
-        });
-    });
-    let spans = spans.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
-        Error::Unsupported(format!("the int8 compute probe: a thread could not run the {} loop", isa.name()))
-    })?;
-    let first = spans.iter().map(|s| s.0).min().expect("at least one thread");
-    let last = spans.iter().map(|s| s.1).max().expect("at least one thread");
-    Ok(last.duration_since(first).as_secs_f64().max(1e-9))
+    // `measure_int8_peak` ran the loop at this level before: it cannot fail here.
+    let (ran, secs) =
+        pool.timed_on_each(|_| crate::kernels::int8_mac_chains(isa, rounds, &a, &b).map(std::hint::black_box).is_ok());
+    if !ran.iter().all(|ok| *ok) {
+        return Err(Error::Unsupported(format!(
+            "the int8 compute probe: a thread could not run the {} loop",
+            isa.name()
+        )));
+    }
+    Ok(secs)
 }
 
 /// Measures the int8 multiply-add peak of `threads` threads at `isa`: one calibration pass on

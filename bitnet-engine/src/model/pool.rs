@@ -241,6 +241,24 @@ impl WorkerPool {
         }
     }
 
+    /// Runs `f(i)` once on every thread i of the pool, all released by one dispatch (as a
+    /// decode step's matmul is); returns each thread's result and the seconds from the first
+    /// thread's start to the last one's end. The timing of the machine probes (read bandwidth,
+    /// int8 peak), measured on the threads and cores a decode uses.
+    pub fn timed_on_each<T: Send + Default + Clone>(&self, f: impl Fn(usize) -> T + Sync) -> (Vec<T>, f64) {
+        let mut results = vec![T::default(); self.threads];
+        let now = Instant::now();
+        let mut spans = vec![(now, now); self.threads];
+        self.split(&mut results, 1, 1, &mut spans, |i, result, span| {
+            let t0 = Instant::now();
+            result[0] = f(i);
+            *span = (t0, Instant::now());
+        });
+        let first = spans.iter().map(|s| s.0).min().expect("a pool has a thread");
+        let last = spans.iter().map(|s| s.1).max().expect("a pool has a thread");
+        (results, last.duration_since(first).as_secs_f64().max(1e-9))
+    }
+
     /// Splits `out` into one contiguous chunk per thread, each a whole number of `unit`s and
     /// (except the last) a multiple of `align` units, and runs
     /// `f(first_unit, chunk, &mut scratch[i])` on thread i. `scratch` needs ≥ `threads` items.
@@ -519,6 +537,22 @@ mod tests {
                 assert!(out.iter().enumerate().all(|(j, v)| *v == j * 1000 + round));
             }
             assert!(scratch.iter().all(|s| *s == 50), "{scratch:?}");
+        }
+    }
+
+    #[test]
+    fn timed_on_each_runs_once_per_thread_on_distinct_threads_and_spans_them_all() {
+        for threads in [1, 2, 3] {
+            let pool = WorkerPool::new(threads, false).unwrap();
+            let (got, secs) = pool.timed_on_each(|i| {
+                // The last thread is slowest: the span runs to its end.
+                std::thread::sleep(Duration::from_millis(if i + 1 == threads { 20 } else { 1 }));
+                (i, format!("{:?}", std::thread::current().id()))
+            });
+            assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), (0..threads).collect::<Vec<_>>());
+            let ids: std::collections::BTreeSet<&String> = got.iter().map(|g| &g.1).collect();
+            assert_eq!(ids.len(), threads, "one result per thread, each from its own: {got:?}");
+            assert!(secs >= 0.020, "from the first start to the last end: {secs} s");
         }
     }
 
