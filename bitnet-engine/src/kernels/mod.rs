@@ -1096,9 +1096,10 @@ pub(crate) unsafe fn int8_rows_tiled<T: Int8Tile>(
     }
 }
 
-/// Attention scores `out[p] = dot16(q, k_p) × scale` for `out.len()` keys stored as rows of
-/// `q.len()` (f32 or f16). `dot16` is the fixed-order dot product of the forward pass (16 lanes,
-/// no fused multiply-add, a fixed reduction tree), so every ISA gives identical results.
+/// Attention scores `out[p] = attention_dot(q, k_p) × scale` for `out.len()` keys stored as
+/// rows of `q.len()` (f32 or f16). `attention_dot` is the fixed-order dot product of the
+/// forward pass (16 lanes, a correctly rounded fused multiply-add per product, a fixed reduction
+/// tree), so every ISA gives identical results.
 /// `ahead` (the rows the next step reads; may be empty) is asked for in L2 a share at a time
 /// while the keys are read, so that the memory keeps streaming under the arithmetic.
 pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
@@ -1116,14 +1117,14 @@ pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, ou
 
 /// The portable scores: each key row converted to f32 as a whole (f16 with the slice
 /// conversion, vectorized where the CPU has F16C; one value at a time, this loop had run 30×
-/// slower than the AVX-512 kernel), then `dot16`.
+/// slower than the AVX-512 kernel), then `attention_dot`.
 fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     let mut row = [0f32; MAX_HEAD_DIM];
     for (p, o) in out.iter_mut().enumerate() {
         let kf = &mut row[..hd];
         K::row_to_f32(&keys[p * hd..(p + 1) * hd], kf);
-        *o = crate::model::ops::dot16(q, kf) * scale;
+        *o = crate::model::ops::attention_dot(q, kf) * scale;
     }
 }
 
@@ -1213,7 +1214,7 @@ pub(crate) fn attention_weighted_sum_group_portable<K: KeyElem>(
 /// rejected when loaded).
 pub(crate) const MAX_HEAD_DIM: usize = 512;
 
-/// `o[d] += w[p] × v_p[d]` for every position p in order (multiply, then add): the attention
+/// `o[d] = fma(w[p], v_p[d], o[d])` for every position p in order: the attention
 /// output, identical at every ISA level. `ahead` as in [`attention_scores`].
 pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
     #[cfg(target_arch = "x86_64")]
@@ -1229,7 +1230,7 @@ pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mu
 }
 
 /// The portable weighted sum, each value row converted as a whole first (see
-/// [`attention_scores_portable`]); the same multiply, then add, per element.
+/// [`attention_scores_portable`]); one fused multiply-add per element, as the SIMD kernels.
 fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32]) {
     let hd = o.len();
     let mut row = [0f32; MAX_HEAD_DIM];
@@ -1237,7 +1238,7 @@ fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut 
         let vf = &mut row[..hd];
         K::row_to_f32(&values[p * hd..(p + 1) * hd], vf);
         for (a, v) in o.iter_mut().zip(vf.iter()) {
-            *a += wp * v;
+            *a = wp.mul_add(*v, *a);
         }
     }
 }
@@ -1259,8 +1260,8 @@ macro_rules! widest_compiled {
 }
 
 /// Attention scores over keys stored encoded (`KvRows::Encoded`: `precision.bytes_per_vector(
-/// q.len())` bytes each): `out[p] = dot16(q, decode(k_p)) × scale`, the decode of
-/// [`KvPrecision::decode`] and the `dot16` of the forward pass, so the same floats as decoding
+/// q.len())` bytes each): `out[p] = attention_dot(q, decode(k_p)) × scale`, the decode of
+/// [`KvPrecision::decode`] and the `attention_dot` of the forward pass, so the same floats as decoding
 /// position by position; one call per head, compiled for the widest ISA the CPU has: rows are
 /// decoded a chunk at a time into `buf` ([`ENCODED_CHUNK_VALUES`] long), then go through the f32
 /// kernel. Decoded one vector per call through the dispatching `decode` at baseline x86-64, with
@@ -2338,8 +2339,8 @@ mod tests {
     #[test]
     fn encoded_attention_equals_decoding_position_by_position() {
         // The reference is what attention did before: each position's vector decoded on its own
-        // (`KvPrecision::decode`, checked against plain formulas in kv_cache), then `dot16` or
-        // multiply-then-add. Every ISA entry point must give the same bits.
+        // (`KvPrecision::decode`, checked against plain formulas in kv_cache), then `attention_dot`
+        // or one fused multiply-add per element. Every ISA entry point must give the same bits.
         use crate::model::KvPrecision;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let mut g = crate::rng::SplitMix64::new(29);
@@ -2361,11 +2362,11 @@ mod tests {
                         v
                     };
                     let want_scores: Vec<f32> =
-                        (0..n).map(|i| crate::model::ops::dot16(&q, &decoded(i)) * 0.125).collect();
+                        (0..n).map(|i| crate::model::ops::attention_dot(&q, &decoded(i)) * 0.125).collect();
                     let mut want_sum = q.clone();
                     for (i, wp) in w.iter().enumerate() {
                         for (a, x) in want_sum.iter_mut().zip(decoded(i)) {
-                            *a += wp * x;
+                            *a = wp.mul_add(x, *a);
                         }
                     }
                     let what = format!("{p} hd {hd} n {n}");
@@ -2501,7 +2502,7 @@ mod tests {
                 let one_at_a_time: Vec<f32> = (0..n)
                     .map(|p| {
                         let k: Vec<f32> = k16[p * hd..(p + 1) * hd].iter().map(|v| v.to_f32()).collect();
-                        crate::model::ops::dot16(&q, &k) * 0.125
+                        crate::model::ops::attention_dot(&q, &k) * 0.125
                     })
                     .collect();
                 super::attention_scores_portable(&q, &k16, 0.125, &mut b);

@@ -2005,9 +2005,9 @@ attention_avx2_entry! {
     attention_scores_f16, attention_axpy_f16: half::f16;
 }
 
-/// `out[p] = dot16(q, k_p) × scale`, bit-identical to the portable `dot16`: its 16 lanes are
-/// two registers (lanes 0–7 and 8–15), each chunk's products are added in order (multiply, then
-/// add), and [`reduce16`] is its reduction tree. Head sizes that are not a multiple of 16 take
+/// `out[p] = attention_dot(q, k_p) × scale`, bit-identical to the portable `attention_dot`: its
+/// 16 lanes are two registers (lanes 0–7 and 8–15), each chunk's products are added in order
+/// (one fused multiply-add each), and [`reduce16`] is its reduction tree. Head sizes that are not a multiple of 16 take
 /// the portable loop.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
@@ -2022,8 +2022,8 @@ unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: 
         let k = keys.as_ptr().add(p * hd);
         let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for i in (0..hd).step_by(16) {
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q.as_ptr().add(i)), K::load8(k.add(i))));
-            b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), K::load8(k.add(i + 8))));
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), K::load8(k.add(i)), a);
+            b = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), K::load8(k.add(i + 8)), b);
         }
         *o = reduce16(a, b) * scale;
     }
@@ -2039,7 +2039,7 @@ unsafe fn reduce16(a: __m256, b: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<0b01>(c, c)))
 }
 
-/// `o[d] += w[p] × v_p[d]` for every p in order (multiply, then add), as the portable loop,
+/// `o[d] = fma(w[p], v_p[d], o[d])` for every p in order, as the portable loop,
 /// with up to 64 outputs held in registers while the positions stream past. Head sizes that are
 /// not a multiple of 8 take the portable loop.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -2082,7 +2082,7 @@ unsafe fn axpy_block<K: Lanes8, const C: usize>(
         let wv = _mm256_set1_ps(*wp);
         let v = values.as_ptr().add(p * hd + d0);
         for (c, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(wv, K::load8(v.add(8 * c))));
+            *a = _mm256_fmadd_ps(wv, K::load8(v.add(8 * c)), *a);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -2152,8 +2152,8 @@ unsafe fn scores_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
         for i in (0..hd).step_by(16) {
             let (k0, k1) = (K::load8(k.add(i)), K::load8(k.add(i + 8)));
             for g in 0..G {
-                a[g] = _mm256_add_ps(a[g], _mm256_mul_ps(_mm256_loadu_ps(q.add(g * hd + i)), k0));
-                b[g] = _mm256_add_ps(b[g], _mm256_mul_ps(_mm256_loadu_ps(q.add(g * hd + i + 8)), k1));
+                a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(g * hd + i)), k0, a[g]);
+                b[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(g * hd + i + 8)), k1, b[g]);
             }
         }
         for g in 0..G {
@@ -2168,7 +2168,7 @@ const AXPY_GROUP_POSITIONS: usize = 256;
 
 /// [`axpy_impl`] for G heads' weights (`ws`: G rows of n) over the same values (`os`: G rows of
 /// hd): each value chunk is loaded once for all G heads, and every output element still gets
-/// `+= w[p] × v_p[d]` (multiply, then add) for p in order, so each head's output is
+/// `fma(w[p], v_p[d], ·)` for p in order, so each head's output is
 /// bit-identical to [`axpy_impl`]'s. Sixteen outputs (two chunks) of each of up to four heads
 /// are held in registers; positions go in blocks of [`AXPY_GROUP_POSITIONS`].
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -2203,8 +2203,8 @@ unsafe fn axpy_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
                 let (v0, v1) = (K::load8(v), K::load8(v.add(8)));
                 for g in 0..G {
                     let wv = _mm256_set1_ps(*w.add(g * n + p));
-                    acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(wv, v0));
-                    acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(wv, v1));
+                    acc[g][0] = _mm256_fmadd_ps(wv, v0, acc[g][0]);
+                    acc[g][1] = _mm256_fmadd_ps(wv, v1, acc[g][1]);
                 }
             }
             for g in 0..G {

@@ -1868,10 +1868,10 @@ unsafe fn sum_words_impl(words: &[u64]) -> u64 {
     (_mm512_reduce_add_epi64(s) as u64).wrapping_add(crate::bandwidth::sum_words_portable(&words[body..]))
 }
 
-// Attention in the forward pass's fixed float order (see `ops::dot16`): lane l of a
-// 16-lane accumulator sums products of elements l, l+16, l+32, … with a multiply then an add
-// (never fused), a short last chunk only touches its own lanes, and the lanes are reduced as
-// 8+8, 4+4, 2+2, 1+1. Results are therefore identical to the portable path.
+// Attention in the forward pass's fixed float order (see `ops::attention_dot`): lane l of a
+// 16-lane accumulator sums products of elements l, l+16, l+32, … each with one fused
+// multiply-add, a short last chunk only touches its own lanes (masked), and the lanes are
+// reduced as 8+8, 4+4, 2+2, 1+1. Results are therefore identical to the portable path.
 
 /// Sixteen key elements as f32 from `p` (f32 or f16), `n` ≤ 16 valid, the rest 0.
 trait Lanes: Copy {
@@ -2182,8 +2182,12 @@ unsafe fn score_one<R: KvRowReader>(q: *const f32, keys: R, row: R::Row, hd: usi
     let mut i = 0;
     while i < hd {
         let n = (hd - i).min(16);
-        let prod = _mm512_mul_ps(f32::load16(q.add(i), n), keys.load16(row, i, n));
-        acc = _mm512_mask_add_ps(acc, ((1u32 << n) - 1) as __mmask16, acc, prod);
+        acc = _mm512_mask3_fmadd_ps(
+            f32::load16(q.add(i), n),
+            keys.load16(row, i, n),
+            acc,
+            ((1u32 << n) - 1) as __mmask16,
+        );
         i += 16;
     }
     reduce_fixed(acc)
@@ -2209,8 +2213,7 @@ unsafe fn scores16<R: KvRowReader>(q: &[f32], keys: R, p0: usize) -> __m512 {
         let m = ((1u32 << n) - 1) as __mmask16;
         let qv = f32::load16(q.as_ptr().add(i), n);
         for (slot, row) in acc.iter_mut().zip(rows) {
-            let prod = _mm512_mul_ps(qv, keys.load16(row, i, n));
-            *slot = _mm512_mask_add_ps(*slot, m, *slot, prod);
+            *slot = _mm512_mask3_fmadd_ps(qv, keys.load16(row, i, n), *slot, m);
         }
         i += 16;
     }
@@ -2299,8 +2302,7 @@ unsafe fn axpy_block<R: KvRowReader, A, const C: usize>(
         let wv = _mm512_set1_ps(*wp);
         let row = values.row(p);
         for (c, a) in acc.iter_mut().enumerate() {
-            let prod = _mm512_mul_ps(wv, values.load16(row, d0 + 16 * c, width(c)));
-            *a = _mm512_add_ps(*a, prod);
+            *a = _mm512_fmadd_ps(wv, values.load16(row, d0 + 16 * c, width(c)), *a);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -2410,8 +2412,7 @@ unsafe fn scores_block<R: KvRowReader, const H: usize, const KP: usize>(
                 // Output lane L = h·KP + key comes from accumulator 4(L mod 4) + L / 4.
                 let l = h * KP + key;
                 let a = 4 * (l % 4) + l / 4;
-                let prod = _mm512_mul_ps(qv[h], kv);
-                acc[a] = _mm512_mask_add_ps(acc[a], m, acc[a], prod);
+                acc[a] = _mm512_mask3_fmadd_ps(qv[h], kv, acc[a], m);
             }
         }
         i += 16;
@@ -2483,7 +2484,7 @@ unsafe fn axpy_heads<R: KvRowReader, A, const H: usize, const C: usize>(
                 }
                 let v = values.load16(row, d0 + 16 * c, width(c));
                 for h in 0..H {
-                    acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(wv[h], v));
+                    acc[h][c] = _mm512_fmadd_ps(wv[h], v, acc[h][c]);
                 }
             }
         }
