@@ -433,7 +433,8 @@ fn probes_apart<'a>(
 /// differs by more than `threshold`. On a shared machine it moves by tens of percent between
 /// hours while the code stays the same, and decode tokens/s follows it: a "regression" of
 /// that size may be the machine's. Not an environment warning (`--strict-env` would then
-/// refuse most pairs of runs on such machines).
+/// refuse most pairs of runs on such machines). Also notes probes that read buffers of
+/// different sizes (`roofline.probe_bytes`, `step_probe_bytes`), where both reports say.
 pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<String> {
     let mut notes: Vec<String> = probes_apart(&base.roofline.by_threads, &new.roofline.by_threads, threshold)
         .map(|(threads, b, n)| format!(
@@ -445,7 +446,12 @@ pub fn bandwidth_notes(base: &Report, new: &Report, threshold: f64) -> Vec<Strin
     // Probes of different sizes measure different things: one the last-level cache partly
     // holds (--quick's 64 MiB on a 32 MiB L3) reads faster than DRAM.
     for (field, b, n, figure) in [
-        ("probe_bytes", base.roofline.probe_bytes, new.roofline.probe_bytes, "the bandwidths above"),
+        (
+            "probe_bytes",
+            base.roofline.probe_bytes,
+            new.roofline.probe_bytes,
+            "the bandwidths they probed (roofline.by_threads)",
+        ),
         ("step_probe_bytes", base.roofline.step_probe_bytes, new.roofline.step_probe_bytes, "decode.roofline_fraction"),
     ] {
         if let (Some(b), Some(n)) = (b, n) {
