@@ -1,7 +1,7 @@
 //! The Q6_K LM head (`kernels::q6k_rows_matmul`) on 2B4T's width (2560 columns), B = 1 and
 //! B = 8: 128 rows in cache (269 KB, one core's L2) and 32768 rows streamed (69 MB, twice
-//! the L3), at the AVX2 level and (B = 8) the AVX-512 VNNI one, with the portable loop as the
-//! same-run reference in cache.
+//! the L3), at the AVX2 level and (B = 8) the AVX-512 VNNI one (on the 16-row groups a batched
+//! model state makes), with the portable loop as the same-run reference in cache.
 //! Throughput is bytes of Q6_K blocks, so criterion prints GB/s.
 //!
 //! `cargo bench -p bitnet-benches --bench head [-- FILTER]`
@@ -27,9 +27,13 @@ fn head(c: &mut Criterion) {
                 .sample_size(20);
             group.throughput(Throughput::BytesDecimal(m.byte_len() as u64));
             let mut x = activations(b, COLS, 1);
-            // The tokens' sub-block lane copies, as the model builds them for batches: AVX-512
-            // then runs its VNNI kernel from two tokens (one token runs the AVX2 code).
-            x.build_q6k_lanes();
+            // The tokens' offsets, as the model builds them for batches: AVX-512 then runs its
+            // VNNI kernel on the head's 16-row groups from two tokens (one token runs the AVX2
+            // code on the file's layout).
+            x.build_q6k_offsets();
+            if b > 1 {
+                m.prepare_groups();
+            }
             let mut out = vec![0f32; rows * b];
             // The portable loop streamed would take seconds per call: in cache only.
             let mut levels = if rows > 128 { vec![IsaLevel::Avx2] } else { vec![IsaLevel::Scalar, IsaLevel::Avx2] };

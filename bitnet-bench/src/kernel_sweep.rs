@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
 use bitnet_engine::compute_peak::{self, ComputePeakReport};
 use bitnet_engine::formats::Q6kRows;
-use bitnet_engine::kernels::{q6k_lanes_used, q6k_rows_matmul};
+use bitnet_engine::kernels::{q6k_groups_used, q6k_rows_matmul};
 use bitnet_engine::{ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights};
 
 /// The preset whose linear-layer shapes the sweep runs unless told otherwise.
@@ -32,7 +32,7 @@ pub fn preset_head(name: &str) -> Result<(usize, usize)> {
 pub const HEAD_CACHE_ROWS: usize = 2048;
 
 /// Name of the head's kernel at an ISA level on `batch` tokens, as the table shows it: the
-/// level whose code runs. AVX-512 has its own kernel from two tokens (`q6k_lanes_used`); one
+/// level whose code runs. AVX-512 has its own kernel from two tokens (`q6k_groups_used`); one
 /// token there runs the AVX2 loop and is named so.
 pub fn head_kernel_name(isa: IsaLevel, batch: usize) -> String {
     format!("q6k_head/{}", head_kernel_isa(isa, batch).name())
@@ -40,7 +40,7 @@ pub fn head_kernel_name(isa: IsaLevel, batch: usize) -> String {
 
 /// The level whose head kernel runs at `isa` on `batch` tokens (see [`head_kernel_name`]).
 pub fn head_kernel_isa(isa: IsaLevel, batch: usize) -> IsaLevel {
-    if q6k_lanes_used(isa, batch) {
+    if q6k_groups_used(isa, batch) {
         IsaLevel::Avx512
     } else if isa >= IsaLevel::Avx2 {
         IsaLevel::Avx2
@@ -49,12 +49,12 @@ pub fn head_kernel_isa(isa: IsaLevel, batch: usize) -> IsaLevel {
     }
 }
 
-/// `batch` tokens of activations for the head at `isa`, with the lane copies its AVX-512
-/// kernel reads where it runs (as the model builds them).
+/// `batch` tokens of activations for the head at `isa`, with the offsets its AVX-512 kernel
+/// reads where it runs (as the model builds them; the matrix's 16-row groups are made too).
 fn head_activations(isa: IsaLevel, batch: usize, hidden: usize) -> Result<ActivationBatch> {
     let mut x = activations(batch, hidden)?;
-    if q6k_lanes_used(isa, batch) {
-        x.build_q6k_lanes();
+    if q6k_groups_used(isa, batch) {
+        x.build_q6k_offsets();
     }
     Ok(x)
 }
@@ -330,6 +330,8 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
     };
     let rows = HEAD_CACHE_ROWS.min(vocab);
     let m = Q6kRows::random(rows, hidden, 0.02, 7)?;
+    // As a batched model state does: AVX-512 multiplies batches on the 16-row groups.
+    m.prepare_groups();
     let shape = format!("head {rows}x{hidden}");
     for (i, &isa) in isas.iter().enumerate() {
         for &b in &opts.batches {
@@ -354,6 +356,9 @@ fn head_cases(opts: &SweepOptions, vocab: usize, hidden: usize, push: &mut impl 
         return Ok(());
     }
     let one = Q6kRows::random(vocab, hidden, 0.02, 0)?;
+    if opts.batches.iter().any(|&b| q6k_groups_used(fastest, b)) {
+        one.prepare_groups();
+    }
     let count = opts.streaming_bytes.div_ceil(one.byte_len()).max(2);
     let set: Vec<Q6kRows> = vec![one; count];
     let shape = format!("stream {count}x head {vocab}x{hidden}");

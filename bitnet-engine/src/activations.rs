@@ -46,13 +46,10 @@ pub struct ActivationBatch {
     /// `[batch, 8]`: popcount of each plane.
     plane_counts: Vec<u32>,
     planes_ready: bool,
-    /// `[batch, padded]`: each token's values in the Q6_K head's sub-block lane order (see
-    /// [`Self::build_q6k_lanes`]). Room for as many tokens as `reserve_q6k_lanes` asked for,
-    /// or as the first `build_q6k_lanes` call had.
-    q6k_lanes: AlignedBytes,
-    /// `[batch, padded / 16]`: −32 × each 16 columns' sum, the Q6_K `− 32` offset per sub-block.
+    /// `[capacity, padded / 16]`: −32 × each 16 columns' sum, the Q6_K `− 32` offset per
+    /// sub-block (see [`Self::build_q6k_offsets`]).
     q6k_offsets: Vec<i32>,
-    q6k_ready: bool,
+    q6k_offsets_ready: bool,
     /// Names these values: a new one, unique in the process, whenever they change (see
     /// [`Self::stamp`]).
     stamp: u64,
@@ -159,9 +156,8 @@ impl ActivationBatch {
             planes: vec![0; batch * ACT_PLANES * words],
             plane_counts: vec![0; batch * ACT_PLANES],
             planes_ready: false,
-            q6k_lanes: AlignedBytes::zeroed(0),
             q6k_offsets: Vec::new(),
-            q6k_ready: false,
+            q6k_offsets_ready: false,
             stamp: new_stamp(),
         })
     }
@@ -174,7 +170,7 @@ impl ActivationBatch {
         }
         self.batch = batch;
         self.planes_ready = false;
-        self.q6k_ready = false;
+        self.q6k_offsets_ready = false;
         self.stamp = new_stamp();
         Ok(())
     }
@@ -244,7 +240,7 @@ impl ActivationBatch {
             self.sums[b] = total;
         }
         self.planes_ready = false;
-        self.q6k_ready = false;
+        self.q6k_offsets_ready = false;
         self.stamp = new_stamp();
     }
 
@@ -258,43 +254,29 @@ impl ActivationBatch {
         crate::kernels::prefetch_l2(&self.sums[..self.batch]);
     }
 
-    /// Makes room for the Q6_K head's lane-ordered copies of up to `tokens` tokens (at most the
-    /// capacity), so that `build_q6k_lanes` on batches that size allocates nothing.
-    pub fn reserve_q6k_lanes(&mut self, tokens: usize) {
-        let tokens = tokens.min(self.capacity);
-        if self.q6k_lanes.len() < tokens * self.padded {
-            self.q6k_lanes = AlignedBytes::zeroed(tokens * self.padded);
-            self.q6k_offsets = vec![0; tokens * self.padded / 16];
+    /// Makes room for the Q6_K offsets of every token the batch can hold, so that
+    /// `build_q6k_offsets` allocates nothing.
+    pub fn reserve_q6k_offsets(&mut self) {
+        let n = self.capacity * self.padded / 16;
+        if self.q6k_offsets.len() < n {
+            self.q6k_offsets = vec![0; n];
         }
     }
 
-    /// Builds every token's copy for the AVX-512 Q6_K head (`kernels::q6k_rows_matmul` with
-    /// two or more tokens), which keeps one i32 lane per 16-weight sub-block so that a block's
-    /// sub-block scales are one multiply: of each 256-column block, 64-byte chunk j holds in
-    /// bytes 4s..4s + 4 the columns 16s + 4j..16s + 4j + 4 (s < 16); and −32 × each 16 columns'
-    /// sum, the `− 32` offset of Q6_K codes. Grows the storage to this batch first if
-    /// `reserve_q6k_lanes` did not make room for it.
-    /// Never inlined: part of the `quantize` stage.
+    /// Builds every token's −32 × each 16 columns' sum, the `− 32` offset of Q6_K codes per
+    /// sub-block, which the AVX-512 Q6_K head kernel starts each sub-block's sum at. Makes room
+    /// first if `reserve_q6k_offsets` did not. Never inlined: part of the `quantize` stage.
     #[inline(never)]
-    pub fn build_q6k_lanes(&mut self) {
-        self.reserve_q6k_lanes(self.batch);
-        let (padded, nsub) = (self.padded, self.padded / 16);
-        for b in 0..self.batch {
-            let x = &self.values.as_slice()[b * padded..(b + 1) * padded];
-            let dst = &mut self.q6k_lanes.as_mut_slice()[b * padded..(b + 1) * padded];
-            for (src, out) in x.chunks_exact(ACT_PAD).zip(dst.chunks_exact_mut(ACT_PAD)) {
-                for (j, chunk) in out.chunks_exact_mut(64).enumerate() {
-                    for (s, lane) in chunk.chunks_exact_mut(4).enumerate() {
-                        lane.copy_from_slice(&src[16 * s + 4 * j..16 * s + 4 * j + 4]);
-                    }
-                }
-            }
-            let subs = &self.sub_sums[b * nsub..(b + 1) * nsub];
-            for (o, s) in self.q6k_offsets[b * nsub..(b + 1) * nsub].iter_mut().zip(subs) {
-                *o = -32 * *s as i32;
-            }
+    pub fn build_q6k_offsets(&mut self) {
+        let nsub = self.padded / 16;
+        if self.q6k_offsets.len() < self.batch * nsub {
+            self.reserve_q6k_offsets();
         }
-        self.q6k_ready = true;
+        let n = self.batch * nsub;
+        for (o, s) in self.q6k_offsets[..n].iter_mut().zip(&self.sub_sums[..n]) {
+            *o = -32 * *s as i32;
+        }
+        self.q6k_offsets_ready = true;
     }
 
     /// Decomposes every q into its 8 two's-complement bit-planes (for the XNOR kernels):
@@ -388,15 +370,15 @@ impl ActivationBatch {
     pub fn stamp(&self) -> u64 {
         self.stamp
     }
-    pub fn q6k_lanes_ready(&self) -> bool {
-        self.q6k_ready
+    pub fn q6k_offsets_ready(&self) -> bool {
+        self.q6k_offsets_ready
     }
-    /// Tokens `b`' lane-ordered values (`padded_cols` bytes each) and offsets (`padded_cols / 16`
-    /// each), token after token; valid after [`Self::build_q6k_lanes`].
+    /// Tokens `b`' Q6_K offsets (`padded_cols / 16` each), token after token; valid after
+    /// [`Self::build_q6k_offsets`].
     #[inline]
-    pub(crate) fn q6k_lane_tokens(&self, b: Range<usize>) -> (&[i8], &[i32]) {
+    pub(crate) fn q6k_offsets(&self, b: Range<usize>) -> &[i32] {
         let n = self.padded / 16;
-        (&self.q6k_lanes.as_i8()[b.start * self.padded..b.end * self.padded], &self.q6k_offsets[b.start * n..b.end * n])
+        &self.q6k_offsets[b.start * n..b.end * n]
     }
     /// Token `b`'s bit-planes, `[8, plane_words]`; valid after `build_planes`.
     #[inline]

@@ -172,11 +172,12 @@ fn int8_rows_equal_plain_loops() {
 /// (every code 63 or 0, scales −128 and 127) against activations −128 and 127; one token and
 /// batches; odd row ranges, one ending at the matrix's last row; rows of 1, 2, 3, 10 and 19
 /// blocks (the one-token kernel reduces its sums 16 blocks at a time, two blocks per step);
-/// with and without the tokens' sub-block lane copies (AVX-512's batched kernel).
+/// in the file's layout, and in 16-row groups (AVX-512's batched kernel), alone and made by
+/// the matrix, with and without the tokens' offsets.
 #[test]
 fn q6k_rows_equal_plain_loops() {
-    use bitnet_engine::formats::{Q6kRows, Q6K_BLOCK_BYTES};
-    use bitnet_engine::kernels::q6k_rows_matmul;
+    use bitnet_engine::formats::{Q6kRowGroups, Q6kRows, Q6K_BLOCK_BYTES};
+    use bitnet_engine::kernels::{q6k_groups_matmul, q6k_rows_matmul};
     for k in [256usize, 512, 768, 2560, 19 * 256] {
         let n = 21;
         let random = Q6kRows::random(n, k, 0.05, k as u64).unwrap();
@@ -192,7 +193,8 @@ fn q6k_rows_equal_plain_loops() {
             b[192..208].fill(sc);
         }
         let extreme = Q6kRows::from_bytes(n, k, &bytes).unwrap();
-        for m in [&random, &extreme] {
+        let grouped = [Q6kRowGroups::from_rows(&random), Q6kRowGroups::from_rows(&extreme)];
+        for (mi, m) in [&random, &extreme].into_iter().enumerate() {
             // Cases 1 and 6 are one and eight tokens of extreme activations. From eight tokens
             // the first eight take the assembly tile, then tiles of 8, 4 and 1–3 (13, 16, 19).
             for (case, batch) in [1usize, 1, 2, 3, 5, 8, 8, 9, 12, 13, 16, 19].into_iter().enumerate() {
@@ -228,18 +230,35 @@ fn q6k_rows_equal_plain_loops() {
                             })
                         })
                         .collect();
-                    // With the sub-block lane copies built, AVX-512 takes its VNNI kernel from
-                    // two tokens (tiles of 8, 4, 2 and 1).
-                    let mut with_lanes = x.clone();
-                    with_lanes.build_q6k_lanes();
+                    // The 16-row groups: AVX-512 takes their VNNI kernel (tiles of 8, 4, 2 and 1
+                    // tokens) once the offsets are built, alone and through the matrix (from two
+                    // tokens, once the groups are made).
+                    let mut with_offsets = x.clone();
+                    with_offsets.build_q6k_offsets();
+                    let prepared = m.clone();
+                    prepared.prepare_groups();
                     for isa in IsaLevel::ALL {
-                        for (x, lanes) in [(&x, false), (&with_lanes, true)] {
+                        let mut got = vec![f32::NAN; rows.len() * batch];
+                        q6k_rows_matmul(isa, m, &with_offsets, rows.clone(), &mut got).unwrap();
+                        assert_eq!(
+                            got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                            "{isa} K {k} batch {batch} rows {rows:?} file layout"
+                        );
+                        for (x, offsets) in [(&x, false), (&with_offsets, true)] {
                             let mut got = vec![f32::NAN; rows.len() * batch];
-                            q6k_rows_matmul(isa, m, x, rows.clone(), &mut got).unwrap();
+                            q6k_groups_matmul(isa, &grouped[mi], x, rows.clone(), &mut got).unwrap();
                             assert_eq!(
                                 got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
                                 want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
-                                "{isa} K {k} batch {batch} rows {rows:?} lane copies {lanes}"
+                                "groups: {isa} K {k} batch {batch} rows {rows:?} offsets {offsets}"
+                            );
+                            let mut got = vec![f32::NAN; rows.len() * batch];
+                            q6k_rows_matmul(isa, &prepared, x, rows.clone(), &mut got).unwrap();
+                            assert_eq!(
+                                got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                                want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                                "prepared groups: {isa} K {k} batch {batch} rows {rows:?} offsets {offsets}"
                             );
                         }
                     }
@@ -258,6 +277,11 @@ fn q6k_rows_equal_plain_loops() {
         assert!(e.contains("4..9 of 8"), "{e}");
         let e = q6k_rows_matmul(isa, &m, &x, 0..8, &mut [0.0; 15]).unwrap_err().to_string();
         assert!(e.contains("need 16 outputs, got 15"), "{e}");
+        let g = Q6kRowGroups::from_rows(&m);
+        let e = q6k_groups_matmul(isa, &g, &wrong_k, 0..8, &mut [0.0; 16]).unwrap_err().to_string();
+        assert!(e.contains("K = 512") && e.contains("K = 256"), "{e}");
+        let e = q6k_groups_matmul(isa, &g, &x, 4..9, &mut [0.0; 10]).unwrap_err().to_string();
+        assert!(e.contains("4..9 of 8"), "{e}");
     }
 }
 

@@ -144,15 +144,25 @@ fn a_long_prompt_in_16_row_chunks_matches_the_reference_on_any_thread_count() {
     assert_matches_reference(&model, &prompt, &one);
 }
 
+/// Also with a Q6_K head, whose batches AVX-512 multiplies on 16-row groups the batched state
+/// makes, and single tokens on the file's layout.
 #[test]
 fn a_batch_gives_the_tokens_of_single_runs() {
-    let model = tiny(WeightFormat::Tq2_0);
+    use bitnet_engine::formats::{EmbeddingRows, Q6kRows};
+    let int8_head = tiny(WeightFormat::Tq2_0);
+    let mut q6k_head = tiny(WeightFormat::Tq2_0);
+    let (vocab, hidden) = (q6k_head.config.vocab, q6k_head.config.hidden);
+    q6k_head.weights.token_embd = Q6kRows::random(vocab, hidden, 1e-4, 13).unwrap().into();
     let prompts: Vec<Vec<u32>> = (0..5u32).map(|s| PROMPT.iter().map(|t| (t * 7 + s * 31) % 512).collect()).collect();
-    let batched = greedy_batch(&model, &mut state(&model, KvPrecision::F16, 2, 5), &prompts, 12).unwrap();
-    for (p, b) in prompts.iter().zip(&batched) {
-        let single = greedy(&model, &mut state(&model, KvPrecision::F16, 2, 1), p, 12, false).unwrap();
-        assert_eq!(&single.tokens, b);
+    for model in [&int8_head, &q6k_head] {
+        let batched = greedy_batch(model, &mut state(model, KvPrecision::F16, 2, 5), &prompts, 12).unwrap();
+        for (p, b) in prompts.iter().zip(&batched) {
+            let single = greedy(model, &mut state(model, KvPrecision::F16, 2, 1), p, 12, false).unwrap();
+            assert_eq!(&single.tokens, b);
+        }
     }
+    let EmbeddingRows::Q6K(head) = &q6k_head.weights.token_embd else { unreachable!() };
+    assert_eq!(head.groups().is_some(), IsaLevel::Avx512.is_supported());
 }
 
 #[test]

@@ -966,9 +966,10 @@ pub fn head_matmul(
 /// exact integer `Σⱼ scaleⱼ · Σ (q − 32)·x` over its 16 sub-blocks, times the block's `d` in
 /// f64, summed over blocks in order, then scaled by the token's scale (`finish_blocks`).
 /// Uses the best ISA level at or below `isa` that this CPU has; every level gives identical
-/// results. AVX-512 runs its VNNI kernel on two or more tokens whose sub-block lane copies
-/// are built ([`ActivationBatch::build_q6k_lanes`]), where the head is compute-bound; one
-/// token (read at the bus rate either way) and batches without the copies run the AVX2 code.
+/// results. AVX-512 runs a VNNI kernel on two or more tokens, where the head is
+/// compute-bound, once the 16-row groups are made ([`crate::formats::Q6kRows::prepare_groups`])
+/// and the tokens' offsets built ([`ActivationBatch::build_q6k_offsets`]). One token (read at
+/// the bus rate) and batches without them run the AVX2 code.
 pub fn q6k_rows_matmul(
     isa: IsaLevel,
     m: &crate::formats::Q6kRows,
@@ -985,9 +986,9 @@ pub fn q6k_rows_matmul(
         )));
     }
     #[cfg(target_arch = "x86_64")]
-    if q6k_lanes_used(isa, x.batch()) && x.q6k_lanes_ready() {
+    if let (Some(g), true) = (m.groups(), q6k_groups_used(isa, x.batch()) && x.q6k_offsets_ready()) {
         if let Some(t) = x86_avx512::Avx512::new() {
-            x86_avx512::q6k_rows(t, m, x, rows, out);
+            x86_avx512::q6k_groups(t, g, x, rows, out);
             return Ok(());
         }
     }
@@ -1003,15 +1004,75 @@ pub fn q6k_rows_matmul(
     Ok(())
 }
 
+/// `out[(r − rows.start) × B + b]` = row r of a Q6_K matrix in 16-row groups · token b, with
+/// the arithmetic of [`q6k_rows_matmul`] (and so its results, bit for bit). AVX-512 VNNI runs
+/// its kernel once the tokens' offsets are built ([`ActivationBatch::build_q6k_offsets`]);
+/// otherwise the portable loop.
+pub fn q6k_groups_matmul(
+    isa: IsaLevel,
+    m: &crate::formats::Q6kRowGroups,
+    x: &ActivationBatch,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    check_head_shape("Q6_K row groups", m.rows(), m.cols(), x, &rows, out.len())?;
+    if x.padded_cols() != m.cols() {
+        return Err(Error::Shape(format!(
+            "Q6_K row groups need unpadded activations ({} columns padded to {})",
+            x.cols(),
+            x.padded_cols()
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= IsaLevel::Avx512 && x.q6k_offsets_ready() {
+        if let Some(t) = x86_avx512::Avx512::new() {
+            x86_avx512::q6k_groups(t, m, x, rows, out);
+            return Ok(());
+        }
+    }
+    let _ = isa;
+    q6k_rows_portable(m, x, rows, out);
+    Ok(())
+}
+
+/// A Q6_K matrix read weight by weight, in either layout: what the portable head loop reads.
+pub(crate) trait Q6kWeights {
+    fn blocks_per_row(&self) -> usize;
+    fn code(&self, r: usize, c: usize) -> u8;
+    fn sub_scale(&self, r: usize, c: usize) -> i8;
+    fn block_scale(&self, r: usize, blk: usize) -> half::f16;
+}
+
+macro_rules! q6k_weights {
+    ($t:ty) => {
+        impl Q6kWeights for $t {
+            fn blocks_per_row(&self) -> usize {
+                <$t>::blocks_per_row(self)
+            }
+            fn code(&self, r: usize, c: usize) -> u8 {
+                <$t>::code(self, r, c)
+            }
+            fn sub_scale(&self, r: usize, c: usize) -> i8 {
+                <$t>::sub_scale(self, r, c)
+            }
+            fn block_scale(&self, r: usize, blk: usize) -> half::f16 {
+                <$t>::block_scale(self, r, blk)
+            }
+        }
+    };
+}
+q6k_weights!(crate::formats::Q6kRows);
+q6k_weights!(crate::formats::Q6kRowGroups);
+
 /// Whether [`q6k_rows_matmul`] at `isa` on `batch` tokens runs the AVX-512 kernel, which reads
-/// the tokens' sub-block lane copies ([`ActivationBatch::build_q6k_lanes`]): callers build them
-/// when this says so.
-pub fn q6k_lanes_used(isa: IsaLevel, batch: usize) -> bool {
+/// the matrix's 16-row groups ([`crate::formats::Q6kRows::prepare_groups`]) and the tokens'
+/// offsets ([`ActivationBatch::build_q6k_offsets`]): callers make them when this says so.
+pub fn q6k_groups_used(isa: IsaLevel, batch: usize) -> bool {
     batch >= 2 && isa >= IsaLevel::Avx512 && IsaLevel::Avx512.is_supported()
 }
 
 /// The plain Q6_K × int8 loop that defines [`q6k_rows_matmul`]'s results.
-pub(crate) fn q6k_rows_portable(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) fn q6k_rows_portable(m: &impl Q6kWeights, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
     use crate::formats::QK_K;
     let batch = x.batch();
     for (i, r) in rows.enumerate() {

@@ -14,7 +14,6 @@ use super::portable::{
 use super::x86_avx2::{
     decode_tq1_block as decode_tq1_block_avx2, encode_i2_block, f16_to_f64, lut_emit, lut_widen_span, prefetch_l2,
     prefetch_rows_l2, prefetch_stream, prefetch_stream_span, times3_asm, tq1_rows_with, LookupRows, PrefetchShares,
-    PREFETCH_L2_BYTES,
 };
 use super::{batched_tiles, finish_blocks, finish_tensor, tile_pointers, KernelForm, KernelScratch, TokenTables};
 use crate::activations::{ActivationBatch, ACT_PLANES, PLANE_WEIGHTS};
@@ -2582,210 +2581,154 @@ attention_group_entry!(
     axpy_group_f16_impl
 );
 
-/// Q6_K LM head × two or more tokens with VNNI, from the tokens' sub-block lane copies
-/// ([`ActivationBatch::build_q6k_lanes`]). Each block's codes are rearranged in registers so
-/// that i32 lane s of all four 64-weight chunks holds sub-block s: four `vpdpbusd` per token
-/// then leave each sub-block's `Σ (q − 32)·x` (the accumulator starts at the token's −32 × the
-/// sub-block's column sum) in its own lane, and one `vpmulld` applies the 16 sub-block scales.
-/// Per block and token that is about 12 vector ops for 256 products, against some 37 (in
-/// 256-bit halves) for the AVX2 kernel's `vpmaddubsw`/`vpmaddwd`/add per 32. Results are the
-/// AVX2 and portable ones, bit for bit: each block's exact i32 sum, times `d` in f64, added
-/// in block order.
-pub(crate) fn q6k_rows(
+/// How far ahead [`q6k_groups`] streams a group into L2: twice the other kernels'
+/// `PREFETCH_L2_BYTES`. Zen 4, one thread, 8 tokens, 32768 × 2560 streamed: 4.86 / 4.66 /
+/// 4.62 / 4.75 ms at 8 / 32 / 64 / 128 KiB (the file layout's kernel: 6.80–7.14).
+const Q6K_GROUP_PREFETCH_BYTES: usize = 32 * 1024;
+
+/// Q6_K LM head in 16-row groups ([`crate::formats::Q6kRowGroups`]) × any number of tokens,
+/// with VNNI: lane l of every vector is row l of the group, so per sub-block and token four
+/// `vpdpbusd` (the token's 4 activations broadcast; the accumulator starts at its −32 × the
+/// sub-block's column sum) and one `vpmulld` by the 16 rows' scales leave each row's exact
+/// `scale × Σ (q − 32)·x` in its lane, with no rearranging or reducing; the codes are
+/// assembled once per sub-block for up to 8 tokens. Results are the portable ones bit for bit:
+/// each block's exact i32 sum (at most 16 · 128 · 16 · 32 · 128 = 2²⁷ in magnitude), times `d` in f64 (exact), added
+/// in block order. Needs the tokens' offsets ([`ActivationBatch::build_q6k_offsets`]).
+pub(crate) fn q6k_groups(
     _t: Avx512,
-    m: &crate::formats::Q6kRows,
+    m: &crate::formats::Q6kRowGroups,
     x: &ActivationBatch,
     rows: Range<usize>,
     out: &mut [f32],
 ) {
     let batch = x.batch();
-    assert!(x.q6k_lanes_ready() && x.padded_cols() == m.cols() && rows.end <= m.rows());
+    assert!(x.q6k_offsets_ready() && x.padded_cols() == m.cols() && rows.end <= m.rows());
     assert!(out.len() >= rows.len() * batch);
     // SAFETY: the token proves AVX-512 F/BW/VL/VNNI (and AVX2, F16C); the asserts above give
-    // every row `cols / 256` whole 210-byte blocks and every token `cols` lane-ordered values
-    // and `cols / 16` offsets, and `out` one value per row and token.
-    unsafe { q6k_rows_impl(m, x, rows, out) }
+    // every group `cols / 256` whole blocks, every token `cols` values and `cols / 16`
+    // offsets, and `out` one value per row and token.
+    unsafe { q6k_groups_impl(m, x, rows, out) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,popcnt,f16c")]
-unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+unsafe fn q6k_groups_impl(m: &crate::formats::Q6kRowGroups, x: &ActivationBatch, rows: Range<usize>, out: &mut [f32]) {
+    use crate::formats::Q6K_GROUP_ROWS as GR;
     let batch = x.batch();
-    let lanes = Q6kLanes::new();
-    for (i, r) in rows.enumerate() {
-        let o = &mut out[i * batch..(i + 1) * batch];
+    if rows.is_empty() {
+        return;
+    }
+    for g in rows.start / GR..rows.end.div_ceil(GR) {
         let mut b0 = 0;
-        // Eight tokens per pass where there are eight (each block's codes rearranged once for
-        // all of them); the first pass streams the row in, later ones read it from L1/L2.
+        // Eight tokens per pass where there are eight; the first pass streams the group in,
+        // later ones read it from L2.
         while b0 < batch {
             let first = b0 == 0;
             b0 += match batch - b0 {
-                1 => q6k_lane_tile::<1>(m, r, x, b0, o, first, &lanes),
-                2..=3 => q6k_lane_tile::<2>(m, r, x, b0, o, first, &lanes),
-                4..=7 => q6k_lane_tile::<4>(m, r, x, b0, o, first, &lanes),
-                _ => q6k_lane_tile::<8>(m, r, x, b0, o, first, &lanes),
+                1 => q6k_group_tile::<1>(m, g, x, b0, &rows, out, first),
+                2..=3 => q6k_group_tile::<2>(m, g, x, b0, &rows, out, first),
+                4..=7 => q6k_group_tile::<4>(m, g, x, b0, &rows, out, first),
+                _ => q6k_group_tile::<8>(m, g, x, b0, &rows, out, first),
             };
         }
     }
 }
 
-/// The constant vectors that rearrange a Q6_K block's codes into sub-block lanes. Chunk j,
-/// lane s (sub-block s = 8h + 2n + t of half h, quarter n, sixteen t) holds the weights
-/// 128h + 32n + 16t + 4j + i (i < 4): low bits in `ql` dword 16h + 8(n & 1) + 4t + j, the high
-/// nibble when n ≥ 2; high bits in `qh` dword 8h + 4t + j at shift 2n.
-struct Q6kLanes {
-    ql_index: [__m512i; 4],
-    qh_index: [__m512i; 4],
-    /// 4 where n ≥ 2, else 0: the nibble.
-    ql_shift: __m512i,
-    /// 4 − 2n (mod 32): bits 2n..2n + 2 of each byte to bits 4..6.
-    qh_rotate: __m512i,
-}
-
-/// Lane s's value of a [`Q6kLanes`] vector, `f(h, n, t)` of sub-block s = 8h + 2n + t.
-const fn q6k_lane_table(kind: usize, j: usize) -> [i32; 16] {
-    let mut v = [0i32; 16];
-    let mut s = 0;
-    while s < 16 {
-        let (h, n, t) = (s / 8, (s % 8) / 2, s % 2);
-        v[s] = match kind {
-            0 => (16 * h + 8 * (n & 1) + 4 * t + j) as i32,
-            1 => (8 * h + 4 * t + j) as i32,
-            2 => 4 * (n / 2) as i32,
-            _ => (4 - 2 * n as i32) & 31,
-        };
-        s += 1;
-    }
-    v
-}
-
-/// [`Q6kLanes`]' vectors: `ql` indices of chunks 0..4, `qh` indices of chunks 0..4, the shifts,
-/// the rotations.
-static Q6K_LANE_TABLES: [[i32; 16]; 10] = [
-    q6k_lane_table(0, 0),
-    q6k_lane_table(0, 1),
-    q6k_lane_table(0, 2),
-    q6k_lane_table(0, 3),
-    q6k_lane_table(1, 0),
-    q6k_lane_table(1, 1),
-    q6k_lane_table(1, 2),
-    q6k_lane_table(1, 3),
-    q6k_lane_table(2, 0),
-    q6k_lane_table(3, 0),
-];
-
-impl Q6kLanes {
-    #[inline(always)]
-    unsafe fn new() -> Self {
-        let t = |i: usize| _mm512_loadu_si512(Q6K_LANE_TABLES[i].as_ptr() as *const _);
-        Self { ql_index: [t(0), t(1), t(2), t(3)], qh_index: [t(4), t(5), t(6), t(7)], ql_shift: t(8), qh_rotate: t(9) }
-    }
-}
-
-/// Row `r` × tokens `b0..b0 + G` of a Q6_K matrix into `out[b0..b0 + G]`, two blocks at a time
-/// (their 2·G sub-block vectors reduced together by [`reduce16`]); returns G. `stream`: also
-/// prefetch the row into L2 ahead.
+/// Group `g` × tokens `b0..b0 + G` into `out[(r − rows.start) × batch + b]` for its rows r in
+/// `rows`; returns G. `stream`: also prefetch the group into L2 ahead.
 #[inline(always)]
-unsafe fn q6k_lane_tile<const G: usize>(
-    m: &crate::formats::Q6kRows,
-    r: usize,
+unsafe fn q6k_group_tile<const G: usize>(
+    m: &crate::formats::Q6kRowGroups,
+    g: usize,
     x: &ActivationBatch,
     b0: usize,
+    rows: &Range<usize>,
     out: &mut [f32],
     stream: bool,
-    lanes: &Q6kLanes,
 ) -> usize {
-    use crate::formats::Q6K_BLOCK_BYTES;
-    let row = m.row(r).as_ptr();
+    const BLOCK: usize = 16 * 192 + 256;
+    let batch = x.batch();
     let nb = m.blocks_per_row();
-    // Token b0 + g's copy and offsets, `padded_cols` bytes and `padded_cols / 16` values after
-    // token b0's.
-    let (lanes_x, lanes_off) = x.q6k_lane_tokens(b0..b0 + G);
-    let (x0, o0, n) = (lanes_x.as_ptr() as *const u8, lanes_off.as_ptr(), x.padded_cols());
+    let base = m.group(g).as_ptr();
+    let (x0, o0, n) = (x.tokens(b0..b0 + G).as_ptr() as *const u8, x.q6k_offsets(b0..b0 + G).as_ptr(), x.padded_cols());
     let mut xs = [x0; G];
     let mut offs = [o0; G];
-    for g in 0..G {
-        xs[g] = x0.add(g * n);
-        offs[g] = o0.add(g * n / 16);
+    for t in 0..G {
+        xs[t] = x0.add(t * n);
+        offs[t] = o0.add(t * n / 16);
     }
-    // Lane g: token g's Σ over blocks of d × the block's integer sum, in block order.
-    let mut acc = _mm512_setzero_pd();
-    let mut blk = 0;
-    while blk < nb {
-        let two = blk + 1 < nb;
-        let p = row.add(blk * Q6K_BLOCK_BYTES);
-        if stream {
-            // A block is 210 bytes: 4 lines ahead for one, 7 for two.
-            for line in 0..if two { 7 } else { 4 } {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_L2_BYTES + 64 * line) as *const i8);
+    let (low4, high2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    // Token t's rows 0..8 and 8..16: Σ over blocks of d × the block's integer sum.
+    let mut acc = [[_mm512_setzero_pd(); 2]; G];
+    for blk in 0..nb {
+        let p = base.add(blk * BLOCK);
+        let mut isum = [_mm512_setzero_si512(); G];
+        for j in 0..16 {
+            if stream {
+                // The demand reads shifted `Q6K_GROUP_PREFETCH_BYTES` ahead, one prefetch a line: the sub-block's
+                // three lines of codes, a line of scales every fourth sub-block, a line of d's
+                // every second block.
+                let ahead = p.wrapping_add(Q6K_GROUP_PREFETCH_BYTES);
+                for line in 0..3 {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(192 * j + 64 * line) as *const i8);
+                }
+                if j % 4 == 0 {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(3072 + 16 * j) as *const i8);
+                }
+                if j == 0 && blk % 2 == 0 {
+                    _mm_prefetch::<_MM_HINT_T1>(
+                        base.wrapping_add(Q6K_GROUP_PREFETCH_BYTES + nb * BLOCK + 32 * blk) as *const i8
+                    );
+                }
+            }
+            let v = p.add(192 * j);
+            let (a, b, h) = (load(v), load(v.add(64)), load(v.add(128)));
+            let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(3072 + 16 * j) as *const __m128i));
+            // Codes of columns 4k..4k + 4: (low nibble) | (high bits at 4..6).
+            let codes = [
+                _mm512_ternarylogic_epi32::<0xEC>(a, _mm512_and_si512(_mm512_slli_epi16::<4>(h), high2), low4),
+                _mm512_ternarylogic_epi32::<0xEC>(
+                    _mm512_srli_epi16::<4>(a),
+                    _mm512_and_si512(_mm512_slli_epi16::<2>(h), high2),
+                    low4,
+                ),
+                _mm512_ternarylogic_epi32::<0xEC>(b, _mm512_and_si512(h, high2), low4),
+                _mm512_ternarylogic_epi32::<0xEC>(
+                    _mm512_srli_epi16::<4>(b),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(h), high2),
+                    low4,
+                ),
+            ];
+            for t in 0..G {
+                let xp = xs[t].add(QK_K * blk + 16 * j);
+                let mut s = _mm512_set1_epi32(*offs[t].add(16 * blk + j));
+                for (k, c) in codes.iter().enumerate() {
+                    let xk = _mm512_set1_epi32(std::ptr::read_unaligned(xp.add(4 * k) as *const i32));
+                    s = _mm512_dpbusd_epi32(s, *c, xk);
+                }
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s, scales));
             }
         }
-        let first = q6k_block_lanes::<G>(p, &xs, &offs, blk, lanes);
-        let second = if two {
-            q6k_block_lanes::<G>(p.add(Q6K_BLOCK_BYTES), &xs, &offs, blk + 1, lanes)
-        } else {
-            [_mm512_setzero_si512(); G]
-        };
-        // Lane k·G + g: block blk + k, token g.
-        let sums = reduce16::<2, G>([first, second]);
-        let d0 = _mm512_set1_pd(q6k_block_d(p));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(d0, _mm512_cvtepi32_pd(_mm512_castsi512_si256(sums))));
-        if two {
-            let d1 = _mm512_set1_pd(q6k_block_d(p.add(Q6K_BLOCK_BYTES)));
-            let hi = match G {
-                8 => _mm512_alignr_epi32::<8>(sums, sums),
-                4 => _mm512_alignr_epi32::<4>(sums, sums),
-                2 => _mm512_alignr_epi32::<2>(sums, sums),
-                _ => _mm512_alignr_epi32::<1>(sums, sums),
-            };
-            acc = _mm512_add_pd(acc, _mm512_mul_pd(d1, _mm512_cvtepi32_pd(_mm512_castsi512_si256(hi))));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(nb * BLOCK + 32 * blk) as *const __m256i));
+        let (d_lo, d_hi) =
+            (_mm512_cvtps_pd(_mm512_castps512_ps256(d)), _mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(d)));
+        for t in 0..G {
+            let (lo, hi) = (_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64::<1>(isum[t]));
+            acc[t][0] = _mm512_add_pd(acc[t][0], _mm512_mul_pd(d_lo, _mm512_cvtepi32_pd(lo)));
+            acc[t][1] = _mm512_add_pd(acc[t][1], _mm512_mul_pd(d_hi, _mm512_cvtepi32_pd(hi)));
         }
-        blk += 1 + two as usize;
     }
-    let sums: [f64; 8] = std::mem::transmute(acc);
-    for g in 0..G {
-        out[b0 + g] = finish_blocks(sums[g], x.scale(b0 + g));
+    let first_row = g * crate::formats::Q6K_GROUP_ROWS;
+    for t in 0..G {
+        let sums: [f64; 16] = std::mem::transmute(acc[t]);
+        let scale = x.scale(b0 + t);
+        for (l, s) in sums.iter().enumerate() {
+            let r = first_row + l;
+            if rows.contains(&r) {
+                out[(r - rows.start) * batch + b0 + t] = finish_blocks(*s, scale);
+            }
+        }
     }
     G
-}
-
-/// The f16 scale `d` of the Q6_K block at `p` (its last two bytes), as f64.
-#[inline(always)]
-unsafe fn q6k_block_d(p: *const u8) -> f64 {
-    f16_to_f64(half::f16::from_bits(std::ptr::read_unaligned(p.add(208) as *const u16)))
-}
-
-/// One Q6_K block (at `p`, block `blk` of its row) × G tokens: per token 16 i32 lanes, lane s
-/// = scale_s × Σ (q − 32)·x over sub-block s (exact: at most 16 · 32 · 127 · 128 < 2²⁴ each).
-#[inline(always)]
-unsafe fn q6k_block_lanes<const G: usize>(
-    p: *const u8,
-    xs: &[*const u8; G],
-    offs: &[*const i32; G],
-    blk: usize,
-    lanes: &Q6kLanes,
-) -> [__m512i; G] {
-    let (ql0, ql1, qh) = (load(p), load(p.add(64)), load(p.add(128)));
-    let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(192) as *const __m128i));
-    let mut acc = [_mm512_setzero_si512(); G];
-    for g in 0..G {
-        acc[g] = _mm512_loadu_si512(offs[g].add(16 * blk) as *const _);
-    }
-    for j in 0..4 {
-        let low = _mm512_srlv_epi32(_mm512_permutex2var_epi32(ql0, lanes.ql_index[j], ql1), lanes.ql_shift);
-        let high = _mm512_and_si512(
-            _mm512_rolv_epi32(_mm512_permutexvar_epi32(lanes.qh_index[j], qh), lanes.qh_rotate),
-            _mm512_set1_epi8(0x30),
-        );
-        // (low & 0x0F) | high.
-        let codes = _mm512_ternarylogic_epi32::<0xEC>(low, high, _mm512_set1_epi8(0x0F));
-        for g in 0..G {
-            acc[g] = _mm512_dpbusd_epi32(acc[g], codes, load(xs[g].add(QK_K * blk + 64 * j)));
-        }
-    }
-    for a in acc.iter_mut() {
-        *a = _mm512_mullo_epi32(*a, scales);
-    }
-    acc
 }
 
 /// The compute probe's loop (see `compute_peak`): `rounds` × 12 independent `vpdpbusd` on

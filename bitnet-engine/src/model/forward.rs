@@ -11,7 +11,7 @@ use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
     attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
     attention_weighted_sum_group_encoded, decode_kv_rows, encoded_groups_read_once, head_matmul, prefetch_l2,
-    q6k_lanes_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
+    q6k_groups_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
     KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
@@ -178,10 +178,11 @@ impl State {
         let mut act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
         let act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
         let head_isa = kernel_for(kernel, &model.weights.layers[0].wq).isa();
-        if matches!(model.weights.lm_head(), EmbeddingRows::Q6K(_)) && q6k_lanes_used(head_isa, opts.sequences) {
-            // A batch's logits read its lane copies (`head_q6k_lanes`); prompts asking for every
-            // position's logits grow them once.
-            act_hidden.reserve_q6k_lanes(opts.sequences);
+        if let (EmbeddingRows::Q6K(head), true) = (model.weights.lm_head(), q6k_groups_used(head_isa, opts.sequences)) {
+            // A batch's logits read the head's 16-row groups (made here, once per model) and
+            // the tokens' offsets (`head_q6k_offsets`).
+            head.prepare_groups();
+            act_hidden.reserve_q6k_offsets();
         }
         let padded = act_hidden.padded_cols().max(act_ffn.padded_cols());
         Ok(Self {
@@ -496,11 +497,14 @@ impl State {
             self.act_hidden.set_batch(n)?;
             let head = w.lm_head();
             let isa = kernel_for(self.kernel, &w.layers[0].wq).isa();
-            let head_q6k_lanes = matches!(head, EmbeddingRows::Q6K(_)) && q6k_lanes_used(isa, n);
+            // What the AVX-512 head kernel on two or more tokens reads besides the head's 16-row
+            // groups (made for batched states; see `q6k_rows_matmul`).
+            let head_q6k_offsets =
+                matches!(head, EmbeddingRows::Q6K(m) if m.groups().is_some()) && q6k_groups_used(isa, n);
             rec.time(out_ctx, Stage::Quantize, 0, || {
                 self.act_hidden.quantize(&self.xb[..n * h])?;
-                if head_q6k_lanes {
-                    self.act_hidden.build_q6k_lanes();
+                if head_q6k_offsets {
+                    self.act_hidden.build_q6k_offsets();
                 }
                 Ok::<_, Error>(())
             })?;
