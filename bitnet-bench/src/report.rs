@@ -346,9 +346,10 @@ pub struct Memory {
     pub kv_cache_bytes: u64,
     /// Peak resident set size of the process so far (VmHWM); null where unreadable.
     pub peak_rss_bytes: Option<u64>,
-    /// Bytes the combination's kernel holds beside the weights, made from them at load: the
-    /// `tq1` `lut` form's lookup repack, the AVX2 `tq2` kernel's copy of the codes; 0 for the
-    /// others (absent from older and imported reports).
+    /// Bytes the combination's kernels hold beside the weights, made from them at load: the
+    /// `tq1` `lut` form's lookup repack, the AVX2 `tq2` kernel's copy of the codes, and from
+    /// batch 2 at AVX-512 a Q6_K LM head's copy in 16-row groups; 0 for the others (absent from
+    /// older and imported reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repack_bytes: Option<u64>,
 }

@@ -95,7 +95,8 @@ pub struct Combo {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Prepared {
     pub weight_bytes: u64,
-    /// Bytes the kernel holds beside the weights ([`bitnet_engine::model::Weights::repack_bytes`]).
+    /// Bytes the kernels hold beside the weights ([`bitnet_engine::model::Weights::repack_bytes`],
+    /// and [`bitnet_engine::model::Weights::head_repack_bytes`] for the LM head).
     pub repack_bytes: u64,
     pub kv_cache_bytes: u64,
     /// Bytes a decode step reads, the mean over the run's steps (the KV cache grows by a
@@ -691,7 +692,8 @@ impl Runner for EngineRunner {
         // kernel a copy of their codes), and with `lut` each activation buffer one table per
         // group of three columns for up to LUT_MAX_BATCH rows (larger batches run the fused
         // form, without tables).
-        let repack = self.model.weights.repack_bytes(Some(c.kernel));
+        let repack = self.model.weights.repack_bytes(Some(c.kernel))
+            + self.model.weights.head_repack_bytes(Some(c.kernel), c.batch);
         let table_rows = rows.min(LUT_MAX_BATCH);
         let tables = if c.kernel.uses_perm() {
             table_rows * (perm_table_bytes(cfg.hidden) + perm_table_bytes(cfg.ffn))
@@ -744,7 +746,9 @@ impl Runner for EngineRunner {
             + kv_bytes_per_position * twice_mean_rows / 2;
         let prepared = Prepared {
             weight_bytes: self.model_info().weight_bytes,
-            repack_bytes: self.model.weights.repack_bytes(Some(combo.kernel)) as u64,
+            repack_bytes: (self.model.weights.repack_bytes(Some(combo.kernel))
+                + self.model.weights.head_repack_bytes(Some(combo.kernel), combo.batch))
+                as u64,
             kv_cache_bytes: st.kv_cache().byte_len() as u64,
             bytes_per_step,
             macs_per_step: self.model.weights.macs_per_token() * combo.batch as u64,

@@ -163,6 +163,11 @@ fn a_batch_gives_the_tokens_of_single_runs() {
     }
     let EmbeddingRows::Q6K(head) = &q6k_head.weights.token_embd else { unreachable!() };
     assert_eq!(head.groups().is_some(), IsaLevel::Avx512.is_supported());
+    // The memory they add is counted for batched states only.
+    let made = head.groups().map_or(0, |g| g.byte_len());
+    assert_eq!(q6k_head.weights.head_repack_bytes(None, 5), made);
+    assert_eq!(q6k_head.weights.head_repack_bytes(None, 1), 0);
+    assert_eq!(int8_head.weights.head_repack_bytes(None, 5), 0);
 }
 
 #[test]

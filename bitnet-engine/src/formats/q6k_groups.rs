@@ -116,6 +116,11 @@ impl Q6kRowGroups {
     pub fn byte_len(&self) -> usize {
         self.data.len()
     }
+
+    /// [`Self::byte_len`] of a `rows × cols` matrix, without making it.
+    pub fn byte_len_for(rows: usize, cols: usize) -> usize {
+        rows.div_ceil(Q6K_GROUP_ROWS) * cols / QK_K * (BLOCK_BYTES + 32)
+    }
 }
 
 /// The code of weight `w` (< 256) of lane `l` in a group's block `b` (its bytes from the block's
@@ -169,6 +174,7 @@ mod tests {
         let g = Q6kRowGroups::from_rows(&m);
         assert_eq!((g.rows(), g.cols(), g.groups()), (37, 768, 3));
         assert_eq!(g.byte_len(), 3 * 16 * 3 * Q6K_BLOCK_BYTES);
+        assert_eq!(Q6kRowGroups::byte_len_for(37, 768), g.byte_len());
         for r in 0..37 {
             for c in 0..768 {
                 assert_eq!(g.code(r, c), m.code(r, c), "code ({r}, {c})");

@@ -177,8 +177,7 @@ impl State {
         let max_n = (cfg.q_dim() + 2 * cfg.kv_dim()).max(2 * cfg.ffn).max(cfg.hidden).max(cfg.vocab);
         let mut act_hidden = ActivationBatch::new(rows, cfg.hidden)?;
         let act_ffn = ActivationBatch::new(rows, cfg.ffn)?;
-        let head_isa = kernel_for(kernel, &model.weights.layers[0].wq).isa();
-        if let (EmbeddingRows::Q6K(head), true) = (model.weights.lm_head(), q6k_groups_used(head_isa, opts.sequences)) {
+        if let Some(head) = model.weights.grouped_head(kernel, opts.sequences) {
             // A batch's logits read the head's 16-row groups (made here, once per model) and
             // the tokens' offsets (`head_q6k_offsets`).
             head.prepare_groups();

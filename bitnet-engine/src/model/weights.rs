@@ -150,6 +150,24 @@ impl Weights {
         self.layers.iter().flat_map(|l| l.linears()).map(|w| Kernel::for_weights(forced, w).repack_bytes(w)).sum()
     }
 
+    /// The Q6_K LM head whose 16-row groups a state of `sequences` sequences running `forced`
+    /// (or the best kernels) makes and multiplies batches on (AVX-512 VNNI;
+    /// [`crate::formats::Q6kRows::prepare_groups`]), if it does.
+    pub fn grouped_head(&self, forced: Option<Kernel>, sequences: usize) -> Option<&crate::formats::Q6kRows> {
+        let isa = Kernel::for_weights(forced, &self.layers.first()?.wq).isa();
+        match self.lm_head() {
+            EmbeddingRows::Q6K(m) if crate::kernels::q6k_groups_used(isa, sequences) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Bytes of memory that state adds for the LM head: its 16-row groups ([`Self::grouped_head`];
+    /// made or not yet), else 0.
+    pub fn head_repack_bytes(&self, forced: Option<Kernel>, sequences: usize) -> usize {
+        self.grouped_head(forced, sequences)
+            .map_or(0, |m| crate::formats::Q6kRowGroups::byte_len_for(m.rows(), m.cols()))
+    }
+
     /// Bytes a decode step reads: every linear weight, the LM head and the norms (the
     /// embedding lookup reads one row; the KV cache is counted separately).
     pub fn bytes_read_per_token(&self) -> usize {
