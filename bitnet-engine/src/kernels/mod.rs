@@ -977,14 +977,7 @@ pub fn q6k_rows_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<()> {
-    check_head_shape("Q6_K rows", m.rows(), m.cols(), x, &rows, out.len())?;
-    if x.padded_cols() != m.cols() {
-        return Err(Error::Shape(format!(
-            "Q6_K rows need unpadded activations ({} columns padded to {})",
-            x.cols(),
-            x.padded_cols()
-        )));
-    }
+    check_q6k_shape("Q6_K rows", m.rows(), m.cols(), x, &rows, out.len())?;
     #[cfg(target_arch = "x86_64")]
     if let (Some(g), true) = (m.groups(), q6k_groups_used(isa, x.batch()) && x.q6k_offsets_ready()) {
         if let Some(t) = x86_avx512::Avx512::new() {
@@ -1015,14 +1008,7 @@ pub fn q6k_groups_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<()> {
-    check_head_shape("Q6_K row groups", m.rows(), m.cols(), x, &rows, out.len())?;
-    if x.padded_cols() != m.cols() {
-        return Err(Error::Shape(format!(
-            "Q6_K row groups need unpadded activations ({} columns padded to {})",
-            x.cols(),
-            x.padded_cols()
-        )));
-    }
+    check_q6k_shape("Q6_K row groups", m.rows(), m.cols(), x, &rows, out.len())?;
     #[cfg(target_arch = "x86_64")]
     if isa >= IsaLevel::Avx512 && x.q6k_offsets_ready() {
         if let Some(t) = x86_avx512::Avx512::new() {
@@ -1032,6 +1018,27 @@ pub fn q6k_groups_matmul(
     }
     let _ = isa;
     q6k_rows_portable(m, x, rows, out);
+    Ok(())
+}
+
+/// [`check_head_shape`], and activations without padding columns (whole 256-weight blocks),
+/// for both Q6_K layouts.
+fn check_q6k_shape(
+    what: &str,
+    m_rows: usize,
+    m_cols: usize,
+    x: &ActivationBatch,
+    rows: &Range<usize>,
+    out_len: usize,
+) -> Result<()> {
+    check_head_shape(what, m_rows, m_cols, x, rows, out_len)?;
+    if x.padded_cols() != m_cols {
+        return Err(Error::Shape(format!(
+            "{what} need unpadded activations ({} columns padded to {})",
+            x.cols(),
+            x.padded_cols()
+        )));
+    }
     Ok(())
 }
 
