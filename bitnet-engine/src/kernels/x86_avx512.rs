@@ -2582,8 +2582,10 @@ attention_group_entry!(
 );
 
 /// How far ahead [`q6k_groups`] streams a group into L2: twice the other kernels'
-/// `PREFETCH_L2_BYTES`. Zen 4, one thread, 8 tokens, 32768 × 2560 streamed: 4.86 / 4.66 /
-/// 4.62 / 4.75 ms at 8 / 32 / 64 / 128 KiB (the file layout's kernel: 6.80–7.14).
+/// `PREFETCH_L2_BYTES`. Zen 4, one thread, 8 tokens, 32768 × 2560 streamed, with an earlier
+/// prefetch loop (lines spread evenly over the group's sub-blocks): 4.86 / 4.66 / 4.62 / 4.75
+/// ms at 8 / 32 / 64 / 128 KiB (the file layout's kernel: 6.80–7.14); this one, a line per
+/// line read, 4.57 ms at 32 KiB.
 const Q6K_GROUP_PREFETCH_BYTES: usize = 32 * 1024;
 
 /// Q6_K LM head in 16-row groups ([`crate::formats::Q6kRowGroups`]) × any number of tokens,
@@ -2592,8 +2594,9 @@ const Q6K_GROUP_PREFETCH_BYTES: usize = 32 * 1024;
 /// sub-block's column sum) and one `vpmulld` by the 16 rows' scales leave each row's exact
 /// `scale × Σ (q − 32)·x` in its lane, with no rearranging or reducing; the codes are
 /// assembled once per sub-block for up to 8 tokens. Results are the portable ones bit for bit:
-/// each block's exact i32 sum (at most 16 · 128 · 16 · 32 · 128 = 2²⁷ in magnitude), times `d` in f64 (exact), added
-/// in block order. Needs the tokens' offsets ([`ActivationBatch::build_q6k_offsets`]).
+/// each block's exact i32 sum (at most 16 · 128 · 16 · 32 · 128 = 2²⁷ in magnitude), times `d`
+/// in f64 (exact), added in block order. Needs the tokens' offsets
+/// ([`ActivationBatch::build_q6k_offsets`]).
 pub(crate) fn q6k_groups(
     _t: Avx512,
     m: &crate::formats::Q6kRowGroups,
