@@ -90,11 +90,7 @@ impl Q6kRows {
 
     /// Weight `(r, c)`'s 6-bit code q (the weight is `d × scale × (q − 32)`).
     pub fn code(&self, r: usize, c: usize) -> u8 {
-        let b = &self.row(r)[c / QK_K * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES];
-        let (h, n, l) = ((c % QK_K) / 128, (c % 128) / 32, c % 32);
-        let low = b[64 * h + 32 * (n & 1) + l] >> (4 * (n / 2)) & 0xF;
-        let high = b[128 + 32 * h + l] >> (2 * n) & 3;
-        low | high << 4
+        block_code(&self.row(r)[c / QK_K * Q6K_BLOCK_BYTES..][..Q6K_BLOCK_BYTES], c % QK_K)
     }
 
     /// The i8 scale of the 16 weights around column `c` of row `r`.
@@ -149,6 +145,15 @@ impl Q6kRows {
         }
         Self::from_bytes(rows, cols, &bytes)
     }
+}
+
+/// The 6-bit code of weight `w` (< 256) of the Q6_K block `b` (see the module doc).
+#[inline]
+pub(crate) fn block_code(b: &[u8], w: usize) -> u8 {
+    let (h, n, l) = (w / 128, (w % 128) / 32, w % 32);
+    let low = b[64 * h + 32 * (n & 1) + l] >> (4 * (n / 2)) & 0xF;
+    let high = b[128 + 32 * h + l] >> (2 * n) & 3;
+    low | high << 4
 }
 
 fn block_d(b: &[u8]) -> f16 {

@@ -9,7 +9,7 @@
 //! rows, and no reduction is left (about 65%). The bytes are the file's, rearranged; the
 //! values, and so the logits, are the same.
 //!
-//! Group g (rows 16g..16g + 16; past the last row, rows of zero weights) is `stride` bytes:
+//! Group g (rows 16g..16g + 16; past the last row, rows of zero weights) is `3360·blocks` bytes:
 //! for each 256-column block `blk`, 3328 bytes at `3328·blk`:
 //! - 16 sub-blocks j of 192 bytes at `192·j`: three 64-byte vectors `A`, `B`, `H`. Byte
 //!   `4l + i` of each holds row l's columns `c_k = 256·blk + 16j + 4k + i` (k < 4): `A` the
@@ -24,6 +24,7 @@
 use half::f16;
 
 use crate::aligned::AlignedBytes;
+use crate::formats::q6k::block_code;
 use crate::formats::{Q6kRows, Q6K_BLOCK_BYTES, QK_K};
 
 /// Rows of a group: the lanes of an i32 vector of 512 bits.
@@ -36,23 +37,21 @@ const BLOCK_BYTES: usize = 16 * 192 + 256;
 pub struct Q6kRowGroups {
     rows: usize,
     cols: usize,
-    /// Bytes per group: 16 rows' bytes in the file, `3360 × blocks` (whole cache lines when the
-    /// rows have an even number of blocks, as every preset's do).
-    stride: usize,
     data: AlignedBytes,
 }
 
-impl Q6kRowGroups {
-    /// The same weights as `m`, regrouped.
-    pub fn from_rows(m: &Q6kRows) -> Self {
-        Self::regroup(m.rows(), m.cols(), m.as_bytes())
-    }
+/// Bytes per group of `cols`-wide rows: 16 rows' bytes in the file, `3360 × blocks` (whole
+/// cache lines when the rows have an even number of blocks, as every preset's do).
+fn group_stride(cols: usize) -> usize {
+    cols / QK_K * (BLOCK_BYTES + 32)
+}
 
-    /// Regroups the file's bytes of a valid matrix, on every core (2B4T's head is 270 MB).
-    fn regroup(rows: usize, cols: usize, bytes: &[u8]) -> Self {
-        let nb = cols / QK_K;
-        let row_bytes = nb * Q6K_BLOCK_BYTES;
-        let stride = nb * (BLOCK_BYTES + 32);
+impl Q6kRowGroups {
+    /// The same weights as `m`, regrouped on every core (2B4T's head is 270 MB).
+    pub fn from_rows(m: &Q6kRows) -> Self {
+        let (rows, cols, bytes) = (m.rows(), m.cols(), m.as_bytes());
+        let row_bytes = cols / QK_K * Q6K_BLOCK_BYTES;
+        let stride = group_stride(cols);
         let groups = rows.div_ceil(Q6K_GROUP_ROWS);
         let mut data = AlignedBytes::zeroed(groups * stride);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(groups);
@@ -70,7 +69,7 @@ impl Q6kRowGroups {
                 });
             }
         });
-        Self { rows, cols, stride, data }
+        Self { rows, cols, data }
     }
 
     pub fn rows(&self) -> usize {
@@ -84,13 +83,14 @@ impl Q6kRowGroups {
     }
     /// Groups of [`Q6K_GROUP_ROWS`] rows (the last one padded with zero rows).
     pub fn groups(&self) -> usize {
-        self.data.len() / self.stride
+        self.data.len() / group_stride(self.cols)
     }
 
     /// Group `g`'s bytes (see the module doc).
     #[inline]
     pub fn group(&self, g: usize) -> &[u8] {
-        &self.data.as_slice()[g * self.stride..(g + 1) * self.stride]
+        let stride = group_stride(self.cols);
+        &self.data.as_slice()[g * stride..(g + 1) * stride]
     }
 
     /// Weight `(r, c)`'s 6-bit code q (the weight is `d × scale × (q − 32)`).
@@ -119,7 +119,7 @@ impl Q6kRowGroups {
 
     /// [`Self::byte_len`] of a `rows × cols` matrix, without making it.
     pub fn byte_len_for(rows: usize, cols: usize) -> usize {
-        rows.div_ceil(Q6K_GROUP_ROWS) * cols / QK_K * (BLOCK_BYTES + 32)
+        rows.div_ceil(Q6K_GROUP_ROWS) * group_stride(cols)
     }
 }
 
@@ -138,12 +138,8 @@ fn regroup_row(row: &[u8], l: usize, dst: &mut [u8]) {
     let nb = row.len() / Q6K_BLOCK_BYTES;
     let mut q = [0u8; QK_K];
     for (blk, src) in row.chunks_exact(Q6K_BLOCK_BYTES).enumerate() {
-        // The file's block: weight 128h + 32n + i has its low bits in ql[64h + 32(n & 1) + i]
-        // (the high nibble when n ≥ 2) and its high bits at shift 2n of qh[32h + i].
         for (w, q) in q.iter_mut().enumerate() {
-            let (h, n, i) = (w / 128, (w % 128) / 32, w % 32);
-            let low = src[64 * h + 32 * (n & 1) + i] >> (4 * (n / 2)) & 0xF;
-            *q = low | (src[128 + 32 * h + i] >> (2 * n) & 3) << 4;
+            *q = block_code(src, w);
         }
         let b = &mut dst[blk * BLOCK_BYTES..(blk + 1) * BLOCK_BYTES];
         for j in 0..16 {
