@@ -20,7 +20,7 @@ use crate::profile;
 use crate::spans::Spans;
 use crate::summary::{
     compute_rows, stage_rows, table, thread_rows, wall_check, ComputeReport, Consistency, CounterReport, HeapInfo,
-    PprofCheck, PprofRow, RunInfo, Summary, TimelineInfo, Wall, PPROF_MIN_SAMPLES, PPROF_TOLERANCE_PP,
+    PprofCheck, PprofRow, RunInfo, Summary, TimelineInfo, Wall, PPROF_MIN_SAMPLES,
 };
 
 /// What to trace.
@@ -395,21 +395,22 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             }
             let span_pct = ns / sampled_ns * 100.0;
             let sampled_pct = s.shares.iter().find(|(f, _)| f == function).map_or(0.0, |(_, v)| v * 100.0);
-            let ok = (span_pct - sampled_pct).abs() <= PPROF_TOLERANCE_PP;
+            let limit_pp = crate::summary::pprof_limit_pp(span_pct, s.samples);
+            let ok = (span_pct - sampled_pct).abs() <= limit_pp;
             if s.samples < PPROF_MIN_SAMPLES {
                 continue;
             }
             if !ok {
                 failures.push(format!(
-                    "{stage}: spans give {span_pct:.1}% of CPU time but pprof finds {sampled_pct:.1}% of {} samples in {function}",
+                    "{stage}: spans give {span_pct:.1}% of CPU time but pprof finds {sampled_pct:.1}% of {} samples in {function} (limit ±{limit_pp:.1} pp)",
                     s.samples
                 ));
             }
-            rows.push(PprofRow { stage: stage.name().into(), function: function.into(), span_pct, sampled_pct, ok });
+            rows.push(PprofRow { stage: stage.name().into(), function: function.into(), span_pct, sampled_pct, limit_pp, ok });
         }
         if s.samples < PPROF_MIN_SAMPLES {
             not_run.push(format!(
-                "pprof took only {} samples (needs {PPROF_MIN_SAMPLES} to compare shares within {PPROF_TOLERANCE_PP} pp): trace more --tokens or a larger model",
+                "pprof took only {} samples (needs {PPROF_MIN_SAMPLES} to compare shares within about 11 pp): trace more --tokens or a larger model",
                 s.samples
             ));
         }
