@@ -884,6 +884,17 @@ impl TileScales<'_> {
             TileScales::Tq1(m) => m.row(row)[blk].d.to_f64(),
         }
     }
+
+    /// Whether every block of weight row `row` has the same scale (every BitNet tensor's rows),
+    /// so that the row's dot product may be scaled once instead of block by block.
+    #[inline(always)]
+    pub(crate) fn row_uniform(&self, row: usize) -> bool {
+        match self {
+            TileScales::Tensor(_) => true,
+            TileScales::Tq2(m) => m.row_has_uniform_scale(row),
+            TileScales::Tq1(m) => m.row_has_uniform_scale(row),
+        }
+    }
 }
 
 /// The shape checks of the LM-head matmuls: K matches the activations, `rows` lies inside the

@@ -253,6 +253,12 @@ pub(crate) fn dot_stage<I: IsaOps>(
             let q = x.token(b);
             out[i * batch + b] = match scales {
                 TileScales::Tensor(ws) => finish_tensor(isa.dot_codes(codes, q) - x.sum(b), ws, x.scale(b)),
+                // One scale for the row: one dot product over it, scaled once. The same f64 as
+                // block by block: each d × (integer sum) is exact, and so is their sum.
+                _ if scales.row_uniform(r) => {
+                    let isum = isa.dot_codes(codes, q) - x.sum(b);
+                    finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b))
+                }
                 _ => {
                     let bs = x.block_sums(b);
                     let mut acc = 0f64;
