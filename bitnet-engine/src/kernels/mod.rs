@@ -1966,6 +1966,43 @@ pub fn int8_mac_chains(isa: IsaLevel, rounds: u64, a: &[u8; 64], b: &[i8; 64]) -
 mod tests {
     use super::*;
 
+    /// The split dot stage's pass over several tokens gives each token's one-token dot product,
+    /// at every ISA, for 1 to 8 tokens, with the extreme codes and activations.
+    #[test]
+    fn dot_codes_of_several_tokens_equal_one_token_at_a_time() {
+        use portable::IsaOps;
+        fn check<I: IsaOps>(isa: I, name: &str) {
+            let mut g = crate::rng::SplitMix64::new(41);
+            for n in [256usize, 512, 2560] {
+                let mut codes: Vec<u8> = (0..n).map(|_| (g.next_u64() % 3) as u8).collect();
+                codes[..64].fill(2);
+                let mut tokens: Vec<i8> = (0..8 * n).map(|_| g.next_u64() as i8).collect();
+                tokens[..64].fill(-128);
+                tokens[n..n + 64].fill(127);
+                for nt in 1..=8 {
+                    let mut fast = vec![i32::MIN; nt];
+                    isa.dot_codes_tokens(&codes, &tokens[..nt * n], &mut fast);
+                    let plain: Vec<i32> = (0..nt)
+                        .map(|t| {
+                            codes.iter().zip(&tokens[t * n..(t + 1) * n]).map(|(&c, &x)| c as i32 * x as i32).sum()
+                        })
+                        .collect();
+                    assert_eq!(fast, plain, "{name}, {n} codes, {nt} tokens");
+                }
+            }
+        }
+        check(portable::Portable, "portable");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(t) = x86_avx2::Avx2::new() {
+                check(t, "avx2");
+            }
+            if let Some(t) = x86_avx512::Avx512::new() {
+                check(t, "avx512");
+            }
+        }
+    }
+
     /// The attention kernels' prefetch shares partition the lines of `ahead` in order, for any
     /// alignment, length and step count (more steps than lines too), and an empty `ahead` asks
     /// for nothing.

@@ -26,6 +26,14 @@ pub(crate) trait IsaOps: Copy {
     fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]);
     /// Σ codes[k] × x[k]; both the same length, a multiple of 256.
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32;
+    /// `out[t]` = [`IsaOps::dot_codes`] of `codes` with token t of `tokens` (`out.len()` tokens
+    /// of `codes.len()` values each, back to back): ISAs that override it read each vector of
+    /// codes once for all the tokens, as the fused kernels do.
+    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = self.dot_codes(codes, &tokens[t * codes.len()..(t + 1) * codes.len()]);
+        }
+    }
     /// The xnor stage for one row and one token: `dst[p][0][w] = mask[w] & plane_p[w]`,
     /// `dst[p][1][w] = sign[w] & plane_p[w]` (binary weights: only `[p][1]` is written).
     fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], planes: &[u64], words: usize, dst: &mut [u64]);
@@ -235,6 +243,9 @@ pub(crate) fn unpack_stage<I: IsaOps>(isa: I, w: &PackedWeights, rows: Range<usi
     }
 }
 
+/// Tokens per pass of the dot stage over a row's codes ([`IsaOps::dot_codes_tokens`]).
+const DOT_TOKENS: usize = 8;
+
 /// Stage `dot`: `[rows, stride]` codes × every token → `out[rows, batch]`.
 #[inline(never)]
 pub(crate) fn dot_stage<I: IsaOps>(
@@ -247,18 +258,31 @@ pub(crate) fn dot_stage<I: IsaOps>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
+    let mut dots = [0i32; DOT_TOKENS];
     for (i, r) in rows.enumerate() {
         let codes = &tile[i * stride..(i + 1) * stride];
+        if scales.row_uniform(r) {
+            // One scale for the row: one dot product over it per token, scaled once (for
+            // block-scaled formats the same f64 as block by block: each d × (integer sum) is
+            // exact, and so is their sum).
+            for t0 in (0..batch).step_by(DOT_TOKENS) {
+                let nt = (batch - t0).min(DOT_TOKENS);
+                isa.dot_codes_tokens(codes, x.tokens(t0..t0 + nt), &mut dots[..nt]);
+                for (t, &dot) in dots[..nt].iter().enumerate() {
+                    let b = t0 + t;
+                    let isum = dot - x.sum(b);
+                    out[i * batch + b] = match scales {
+                        TileScales::Tensor(ws) => finish_tensor(isum, ws, x.scale(b)),
+                        _ => finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b)),
+                    };
+                }
+            }
+            continue;
+        }
         for b in 0..batch {
             let q = x.token(b);
             out[i * batch + b] = match scales {
-                TileScales::Tensor(ws) => finish_tensor(isa.dot_codes(codes, q) - x.sum(b), ws, x.scale(b)),
-                // One scale for the row: one dot product over it, scaled once. The same f64 as
-                // block by block: each d × (integer sum) is exact, and so is their sum.
-                _ if scales.row_uniform(r) => {
-                    let isum = isa.dot_codes(codes, q) - x.sum(b);
-                    finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b))
-                }
+                TileScales::Tensor(_) => unreachable!("a tensor-scaled row has one scale"),
                 _ => {
                     let bs = x.block_sums(b);
                     let mut acc = 0f64;

@@ -62,6 +62,13 @@ impl IsaOps for Avx512 {
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
         unsafe { dot_codes(codes, x) }
     }
+    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+        assert!(
+            codes.len().is_multiple_of(256) && tokens.len() == codes.len() * out.len() && (1..=8).contains(&out.len())
+        );
+        // SAFETY: the token proves AVX-512 VNNI; the assert above keeps every load in bounds.
+        unsafe { dot_codes_tokens(codes, tokens, out) }
+    }
     fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
         unsafe { and_planes(mask, sign, plane, words, dst) }
     }
@@ -529,6 +536,41 @@ unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
     }
     let s = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
     _mm512_reduce_add_epi32(s)
+}
+
+/// Up to 8 tokens: each 64 codes are loaded once and multiplied into every token's
+/// accumulator (the one-token loop above loads a vector of codes per product, so at a batch
+/// its loads, not its `vpdpbusd`s, set the pace). A constant token count per instance keeps
+/// the accumulators in registers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_tokens(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    match out.len() {
+        1 => out[0] = dot_codes(codes, tokens),
+        2 => dot_codes_n::<2>(codes, tokens, out),
+        3 => dot_codes_n::<3>(codes, tokens, out),
+        4 => dot_codes_n::<4>(codes, tokens, out),
+        5 => dot_codes_n::<5>(codes, tokens, out),
+        6 => dot_codes_n::<6>(codes, tokens, out),
+        7 => dot_codes_n::<7>(codes, tokens, out),
+        _ => dot_codes_n::<8>(codes, tokens, out),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_n<const T: usize>(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    let n = codes.len();
+    debug_assert!(n.is_multiple_of(64) && tokens.len() == n * T && out.len() == T);
+    let (c, xp) = (codes.as_ptr(), tokens.as_ptr() as *const u8);
+    let mut acc = [_mm512_setzero_si512(); T];
+    for i in (0..n).step_by(64) {
+        let cv = load(c.add(i));
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_dpbusd_epi32(*a, cv, load(xp.add(t * n + i)));
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = _mm512_reduce_add_epi32(a);
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
