@@ -258,42 +258,38 @@ pub(crate) fn dot_stage<I: IsaOps>(
     out: &mut [f32],
 ) {
     let batch = x.batch();
+    // Rows with one scale: one dot product over the row per token, scaled once (for
+    // block-scaled formats the same f64 as block by block: each d × (integer sum) is exact, and
+    // so is their sum). Token groups outside rows, so that a group's activations stay in L1
+    // across the tile (a prompt's tokens do not fit there).
     let mut dots = [0i32; DOT_TOKENS];
-    for (i, r) in rows.enumerate() {
-        let codes = &tile[i * stride..(i + 1) * stride];
-        if scales.row_uniform(r) {
-            // One scale for the row: one dot product over it per token, scaled once (for
-            // block-scaled formats the same f64 as block by block: each d × (integer sum) is
-            // exact, and so is their sum).
-            for t0 in (0..batch).step_by(DOT_TOKENS) {
-                let nt = (batch - t0).min(DOT_TOKENS);
-                isa.dot_codes_tokens(codes, x.tokens(t0..t0 + nt), &mut dots[..nt]);
-                for (t, &dot) in dots[..nt].iter().enumerate() {
-                    let b = t0 + t;
-                    let isum = dot - x.sum(b);
-                    out[i * batch + b] = match scales {
-                        TileScales::Tensor(ws) => finish_tensor(isum, ws, x.scale(b)),
-                        _ => finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b)),
-                    };
-                }
+    for t0 in (0..batch).step_by(DOT_TOKENS) {
+        let nt = (batch - t0).min(DOT_TOKENS);
+        let tokens = x.tokens(t0..t0 + nt);
+        for (i, r) in rows.clone().enumerate().filter(|&(_, r)| scales.row_uniform(r)) {
+            isa.dot_codes_tokens(&tile[i * stride..(i + 1) * stride], tokens, &mut dots[..nt]);
+            for (t, &dot) in dots[..nt].iter().enumerate() {
+                let b = t0 + t;
+                let isum = dot - x.sum(b);
+                out[i * batch + b] = match scales {
+                    TileScales::Tensor(ws) => finish_tensor(isum, ws, x.scale(b)),
+                    _ => finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b)),
+                };
             }
-            continue;
         }
+    }
+    // Rows with a scale per block: block by block.
+    for (i, r) in rows.enumerate().filter(|&(_, r)| !scales.row_uniform(r)) {
+        let codes = &tile[i * stride..(i + 1) * stride];
         for b in 0..batch {
-            let q = x.token(b);
-            out[i * batch + b] = match scales {
-                TileScales::Tensor(_) => unreachable!("a tensor-scaled row has one scale"),
-                _ => {
-                    let bs = x.block_sums(b);
-                    let mut acc = 0f64;
-                    for blk in 0..stride / QK_K {
-                        let s = blk * QK_K..(blk + 1) * QK_K;
-                        let isum = isa.dot_codes(&codes[s.clone()], &q[s]) - bs[blk];
-                        acc += scales.block_d(r, blk) * isum as f64;
-                    }
-                    finish_blocks(acc, x.scale(b))
-                }
-            };
+            let (q, bs) = (x.token(b), x.block_sums(b));
+            let mut acc = 0f64;
+            for blk in 0..stride / QK_K {
+                let s = blk * QK_K..(blk + 1) * QK_K;
+                let isum = isa.dot_codes(&codes[s.clone()], &q[s]) - bs[blk];
+                acc += scales.block_d(r, blk) * isum as f64;
+            }
+            out[i * batch + b] = finish_blocks(acc, x.scale(b));
         }
     }
 }
