@@ -58,6 +58,13 @@ impl IsaOps for Avx2 {
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
         unsafe { dot_codes(codes, x) }
     }
+    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+        assert!(
+            codes.len().is_multiple_of(128) && tokens.len() == codes.len() * out.len() && (1..=8).contains(&out.len())
+        );
+        // SAFETY: the token proves AVX2; the assert above keeps every load in bounds.
+        unsafe { dot_codes_tokens(codes, tokens, out) }
+    }
     fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
         unsafe { and_planes(mask, sign, plane, words, dst) }
     }
@@ -227,6 +234,40 @@ unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
         acc = _mm256_add_epi32(acc, dot4(&cv, xp.add(i), [0, 32, 64, 96]));
     }
     hsum_i32(acc)
+}
+
+/// Up to 8 tokens: each 128 codes are loaded once for all the tokens (as
+/// `x86_avx512::dot_codes_tokens`); a constant token count per instance keeps the 4 code
+/// vectors and the accumulators in the 16 registers.
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_tokens(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    match out.len() {
+        1 => out[0] = dot_codes(codes, tokens),
+        2 => dot_codes_n::<2>(codes, tokens, out),
+        3 => dot_codes_n::<3>(codes, tokens, out),
+        4 => dot_codes_n::<4>(codes, tokens, out),
+        5 => dot_codes_n::<5>(codes, tokens, out),
+        6 => dot_codes_n::<6>(codes, tokens, out),
+        7 => dot_codes_n::<7>(codes, tokens, out),
+        _ => dot_codes_n::<8>(codes, tokens, out),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_n<const T: usize>(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    let n = codes.len();
+    debug_assert!(n.is_multiple_of(128) && tokens.len() == n * T && out.len() == T);
+    let (c, xp) = (codes.as_ptr(), tokens.as_ptr());
+    let mut acc = [_mm256_setzero_si256(); T];
+    for i in (0..n).step_by(128) {
+        let cv = [load(c.add(i)), load(c.add(i + 32)), load(c.add(i + 64)), load(c.add(i + 96))];
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_epi32(*a, dot4(&cv, xp.add(t * n + i), [0, 32, 64, 96]));
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum_i32(a);
+    }
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
