@@ -38,6 +38,25 @@ macro_rules! compiled_for {
     )*};
 }
 
+/// The split dot stage's several-token pass at an ISA (`dot_codes_tokens`): one token is
+/// `$one(codes, tokens)`; 2 to 8 tokens run `$n::<T>(codes, tokens, out)` with T a constant, so
+/// that the accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dot_codes_by_token_count {
+    ($one:ident, $n:ident, $codes:expr, $tokens:expr, $out:expr) => {
+        match $out.len() {
+            1 => $out[0] = $one($codes, $tokens),
+            2 => $n::<2>($codes, $tokens, $out),
+            3 => $n::<3>($codes, $tokens, $out),
+            4 => $n::<4>($codes, $tokens, $out),
+            5 => $n::<5>($codes, $tokens, $out),
+            6 => $n::<6>($codes, $tokens, $out),
+            7 => $n::<7>($codes, $tokens, $out),
+            _ => $n::<8>($codes, $tokens, $out),
+        }
+    };
+}
+
 mod portable;
 mod scalar;
 #[cfg(target_arch = "x86_64")]

@@ -241,16 +241,7 @@ unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
 /// vectors and the accumulators in the 16 registers.
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn dot_codes_tokens(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
-    match out.len() {
-        1 => out[0] = dot_codes(codes, tokens),
-        2 => dot_codes_n::<2>(codes, tokens, out),
-        3 => dot_codes_n::<3>(codes, tokens, out),
-        4 => dot_codes_n::<4>(codes, tokens, out),
-        5 => dot_codes_n::<5>(codes, tokens, out),
-        6 => dot_codes_n::<6>(codes, tokens, out),
-        7 => dot_codes_n::<7>(codes, tokens, out),
-        _ => dot_codes_n::<8>(codes, tokens, out),
-    }
+    dot_codes_by_token_count!(dot_codes, dot_codes_n, codes, tokens, out)
 }
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
