@@ -19,8 +19,8 @@ pub const WALL_SLACK_MS: f64 = 0.05;
 /// Span and sampled shares of a stage may differ by this many percentage points for reasons
 /// other than chance, on top of the sampling error (`pprof_limit_pp`): spans are wall time, so
 /// a thread preempted inside a stage adds to its span but takes no samples, and the kernel's
-/// loop around `unpack_stage` / `dot_stage` is inside the spans but not those functions. In ten
-/// runs of CI's trace smoke run (Zen 4, 1700–3000 samples) the unpack spans were 1.4–4.5
+/// loop around `unpack_stage` / `dot_stage` is inside the spans but not those functions. In 13
+/// runs of CI's trace smoke run (Zen 4, 1300–3000 samples) the unpack spans were 1.4–4.9
 /// points above the samples and dot −1.9 to +3.3; a flat 5-point limit failed one CI run in
 /// about 20, once by 5.3 points.
 pub const PPROF_SYSTEMATIC_PP: f64 = 4.0;
