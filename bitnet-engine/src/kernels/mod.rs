@@ -38,7 +38,7 @@ macro_rules! compiled_for {
     )*};
 }
 
-/// The split dot stage's several-token pass at an ISA (`dot_codes_tokens`): one token is
+/// The split dot stage's one-row pass over several tokens at an ISA (`dot_codes_tokens`): one token is
 /// `$one(codes, tokens)`; 2 to 8 tokens run `$n::<T>(codes, tokens, out)` with T a constant, so
 /// that the accumulators stay in registers.
 #[cfg(target_arch = "x86_64")]
@@ -1985,28 +1985,33 @@ pub fn int8_mac_chains(isa: IsaLevel, rounds: u64, a: &[u8; 64], b: &[i8; 64]) -
 mod tests {
     use super::*;
 
-    /// The split dot stage's pass over several tokens gives each token's one-token dot product,
-    /// at every ISA, for 1 to 8 tokens, with the extreme codes and activations.
+    /// The split dot stage's tiles of rows × tokens give each row's one-token dot product with
+    /// each token, at every ISA, for 1 to 4 rows and 1 to 8 tokens (the AVX-512 tiles and the
+    /// row-at-a-time shapes), with the extreme codes and activations.
     #[test]
-    fn dot_codes_of_several_tokens_equal_one_token_at_a_time() {
+    fn dot_code_tiles_equal_one_row_and_token_at_a_time() {
         use portable::IsaOps;
         fn check<I: IsaOps>(isa: I, name: &str) {
             let mut g = crate::rng::SplitMix64::new(41);
             for n in [256usize, 512, 2560] {
-                let mut codes: Vec<u8> = (0..n).map(|_| (g.next_u64() % 3) as u8).collect();
+                let mut codes: Vec<u8> = (0..4 * n).map(|_| (g.next_u64() % 3) as u8).collect();
                 codes[..64].fill(2);
+                codes[n..n + 64].fill(2);
                 let mut tokens: Vec<i8> = (0..8 * n).map(|_| g.next_u64() as i8).collect();
                 tokens[..64].fill(-128);
                 tokens[n..n + 64].fill(127);
-                for nt in 1..=8 {
-                    let mut fast = vec![i32::MIN; nt];
-                    isa.dot_codes_tokens(&codes, &tokens[..nt * n], &mut fast);
-                    let plain: Vec<i32> = (0..nt)
-                        .map(|t| {
-                            codes.iter().zip(&tokens[t * n..(t + 1) * n]).map(|(&c, &x)| c as i32 * x as i32).sum()
-                        })
-                        .collect();
-                    assert_eq!(fast, plain, "{name}, {n} codes, {nt} tokens");
+                for rows in 1..=4 {
+                    for nt in 1..=8 {
+                        let mut fast = vec![i32::MIN; rows * nt];
+                        isa.dot_codes_tile(&codes[..rows * n], n, &tokens[..nt * n], &mut fast);
+                        let plain: Vec<i32> = (0..rows * nt)
+                            .map(|k| {
+                                let (row, t) = (&codes[k / nt * n..][..n], &tokens[k % nt * n..][..n]);
+                                row.iter().zip(t).map(|(&c, &x)| c as i32 * x as i32).sum()
+                            })
+                            .collect();
+                        assert_eq!(fast, plain, "{name}, {n} codes, {rows} rows, {nt} tokens");
+                    }
                 }
             }
         }

@@ -26,12 +26,16 @@ pub(crate) trait IsaOps: Copy {
     fn decode_tq1_block(self, b: &BlockTq1_0, dst: &mut [u8]);
     /// Σ codes[k] × x[k]; both the same length, a multiple of 256.
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32;
-    /// `out[t]` = [`IsaOps::dot_codes`] of `codes` with token t of `tokens` (`out.len()` tokens
-    /// of `codes.len()` values each, back to back): ISAs that override it read each vector of
-    /// codes once for all the tokens, as the fused kernels do.
-    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = self.dot_codes(codes, &tokens[t * codes.len()..(t + 1) * codes.len()]);
+    /// `out[i × T + t]` = [`IsaOps::dot_codes`] of row i of `codes` (rows of `n` codes, back to
+    /// back) with token t of `tokens` (T = `tokens.len() / n` tokens, back to back): ISAs that
+    /// override it load each vector of codes once for all the tokens, and (AVX-512) each vector
+    /// of a token once for a few rows, as the fused kernels do.
+    fn dot_codes_tile(self, codes: &[u8], n: usize, tokens: &[i8], out: &mut [i32]) {
+        let nt = tokens.len() / n;
+        for (i, row) in codes.chunks_exact(n).enumerate() {
+            for t in 0..nt {
+                out[i * nt + t] = self.dot_codes(row, &tokens[t * n..(t + 1) * n]);
+            }
         }
     }
     /// The xnor stage for one row and one token: `dst[p][0][w] = mask[w] & plane_p[w]`,
@@ -243,8 +247,11 @@ pub(crate) fn unpack_stage<I: IsaOps>(isa: I, w: &PackedWeights, rows: Range<usi
     }
 }
 
-/// Tokens per pass of the dot stage over a row's codes ([`IsaOps::dot_codes_tokens`]).
+/// Tokens per pass of the dot stage over a row's codes ([`IsaOps::dot_codes_tile`]).
 const DOT_TOKENS: usize = 8;
+/// Most rows × tokens per call of [`IsaOps::dot_codes_tile`] (4 × 4 or 2 × 8): 16
+/// accumulators, half of AVX-512's registers.
+const DOT_TILE: usize = 16;
 
 /// Stage `dot`: `[rows, stride]` codes × every token → `out[rows, batch]`.
 #[inline(never)]
@@ -262,20 +269,32 @@ pub(crate) fn dot_stage<I: IsaOps>(
     // block-scaled formats the same f64 as block by block: each d × (integer sum) is exact, and
     // so is their sum). Token groups outside rows, so that a group's activations stay in L1
     // across the tile (a prompt's tokens do not fit there).
-    let mut dots = [0i32; DOT_TOKENS];
+    let mut dots = [0i32; DOT_TILE];
     for t0 in (0..batch).step_by(DOT_TOKENS) {
         let nt = (batch - t0).min(DOT_TOKENS);
         let tokens = x.tokens(t0..t0 + nt);
-        for (i, r) in rows.clone().enumerate().filter(|&(_, r)| scales.row_uniform(r)) {
-            isa.dot_codes_tokens(&tile[i * stride..(i + 1) * stride], tokens, &mut dots[..nt]);
-            for (t, &dot) in dots[..nt].iter().enumerate() {
-                let b = t0 + t;
-                let isum = dot - x.sum(b);
-                out[i * batch + b] = match scales {
-                    TileScales::Tensor(ws) => finish_tensor(isum, ws, x.scale(b)),
-                    _ => finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b)),
-                };
+        // Runs of uniform rows per call: 4 rows for up to 4 tokens, else 2 (the AVX-512 tiles).
+        let most = if nt <= 4 { 4 } else { 2 };
+        let mut i = 0;
+        while i < rows.len() {
+            let run = (i..rows.len().min(i + most)).take_while(|&j| scales.row_uniform(rows.start + j)).count();
+            if run == 0 {
+                i += 1;
+                continue;
             }
+            isa.dot_codes_tile(&tile[i * stride..(i + run) * stride], stride, tokens, &mut dots[..run * nt]);
+            for k in 0..run {
+                let r = rows.start + i + k;
+                for t in 0..nt {
+                    let b = t0 + t;
+                    let isum = dots[k * nt + t] - x.sum(b);
+                    out[(i + k) * batch + b] = match scales {
+                        TileScales::Tensor(ws) => finish_tensor(isum, ws, x.scale(b)),
+                        _ => finish_blocks(scales.block_d(r, 0) * isum as f64, x.scale(b)),
+                    };
+                }
+            }
+            i += run;
         }
     }
     // Rows with a scale per block: block by block.

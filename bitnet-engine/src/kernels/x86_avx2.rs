@@ -58,12 +58,16 @@ impl IsaOps for Avx2 {
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
         unsafe { dot_codes(codes, x) }
     }
-    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    fn dot_codes_tile(self, codes: &[u8], n: usize, tokens: &[i8], out: &mut [i32]) {
+        let nt = tokens.len() / n.max(1);
         assert!(
-            codes.len().is_multiple_of(128) && tokens.len() == codes.len() * out.len() && (1..=8).contains(&out.len())
+            n.is_multiple_of(128) && codes.len().is_multiple_of(n) && tokens.len() == n * nt && (1..=8).contains(&nt)
         );
-        // SAFETY: the token proves AVX2; the assert above keeps every load in bounds.
-        unsafe { dot_codes_tokens(codes, tokens, out) }
+        assert_eq!(out.len(), codes.len() / n * nt);
+        for (row, o) in codes.chunks_exact(n).zip(out.chunks_exact_mut(nt)) {
+            // SAFETY: the token proves AVX2; the asserts above keep every load in bounds.
+            unsafe { dot_codes_tokens(row, tokens, o) }
+        }
     }
     fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
         unsafe { and_planes(mask, sign, plane, words, dst) }

@@ -62,12 +62,14 @@ impl IsaOps for Avx512 {
     fn dot_codes(self, codes: &[u8], x: &[i8]) -> i32 {
         unsafe { dot_codes(codes, x) }
     }
-    fn dot_codes_tokens(self, codes: &[u8], tokens: &[i8], out: &mut [i32]) {
+    fn dot_codes_tile(self, codes: &[u8], n: usize, tokens: &[i8], out: &mut [i32]) {
+        let nt = tokens.len() / n.max(1);
         assert!(
-            codes.len().is_multiple_of(256) && tokens.len() == codes.len() * out.len() && (1..=8).contains(&out.len())
+            n.is_multiple_of(256) && codes.len().is_multiple_of(n) && tokens.len() == n * nt && (1..=8).contains(&nt)
         );
-        // SAFETY: the token proves AVX-512 VNNI; the assert above keeps every load in bounds.
-        unsafe { dot_codes_tokens(codes, tokens, out) }
+        assert_eq!(out.len(), codes.len() / n * nt);
+        // SAFETY: the token proves AVX-512 VNNI; the asserts above keep every load in bounds.
+        unsafe { dot_codes_tile(codes, n, tokens, out) }
     }
     fn and_planes(self, mask: Option<&[u64]>, sign: &[u64], plane: &[u64], words: usize, dst: &mut [u64]) {
         unsafe { and_planes(mask, sign, plane, words, dst) }
@@ -545,6 +547,54 @@ unsafe fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
 unsafe fn dot_codes_tokens(codes: &[u8], tokens: &[i8], out: &mut [i32]) {
     dot_codes_by_token_count!(dot_codes, dot_codes_n, codes, tokens, out)
+}
+
+/// Rows of `n` codes × tokens: tiles of 4 rows × up to 4 tokens or 2 rows × 5 to 8, where each
+/// vector of a token serves every row of the tile; other shapes a row at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_tile(codes: &[u8], n: usize, tokens: &[i8], out: &mut [i32]) {
+    let (rows, nt) = (codes.len() / n, tokens.len() / n);
+    match (rows, nt) {
+        (4, 1) => dot_codes_rows_n::<4, 1>(codes, n, tokens, out),
+        (4, 2) => dot_codes_rows_n::<4, 2>(codes, n, tokens, out),
+        (4, 3) => dot_codes_rows_n::<4, 3>(codes, n, tokens, out),
+        (4, 4) => dot_codes_rows_n::<4, 4>(codes, n, tokens, out),
+        (2, 5) => dot_codes_rows_n::<2, 5>(codes, n, tokens, out),
+        (2, 6) => dot_codes_rows_n::<2, 6>(codes, n, tokens, out),
+        (2, 7) => dot_codes_rows_n::<2, 7>(codes, n, tokens, out),
+        (2, 8) => dot_codes_rows_n::<2, 8>(codes, n, tokens, out),
+        _ => {
+            for (row, o) in codes.chunks_exact(n).zip(out.chunks_exact_mut(nt)) {
+                dot_codes_tokens(row, tokens, o);
+            }
+        }
+    }
+}
+
+/// R rows × T tokens, `out[i × T + t]`; loops, not `array::from_fn`, so that nothing is left
+/// out of line.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
+unsafe fn dot_codes_rows_n<const R: usize, const T: usize>(codes: &[u8], n: usize, tokens: &[i8], out: &mut [i32]) {
+    debug_assert!(n.is_multiple_of(64) && codes.len() == n * R && tokens.len() == n * T && out.len() == R * T);
+    let (c, xp) = (codes.as_ptr(), tokens.as_ptr() as *const u8);
+    let mut acc = [[_mm512_setzero_si512(); T]; R];
+    let mut cv = [_mm512_setzero_si512(); R];
+    for i in (0..n).step_by(64) {
+        for (r, v) in cv.iter_mut().enumerate() {
+            *v = load(c.add(r * n + i));
+        }
+        for t in 0..T {
+            let xv = load(xp.add(t * n + i));
+            for r in 0..R {
+                acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], cv[r], xv);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            out[r * T + t] = _mm512_reduce_add_epi32(acc[r][t]);
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
