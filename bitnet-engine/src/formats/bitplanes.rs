@@ -112,6 +112,10 @@ impl BitPlaneMatrix {
     pub fn byte_len(&self) -> usize {
         self.data.len() * 8
     }
+    /// Every row's words, row r at `r × 2 × words`.
+    pub fn all_words(&self) -> &[u64] {
+        &self.data
+    }
 }
 
 /// Sign-only ±1 weights, one bit each (bit set = −1).
@@ -193,6 +197,10 @@ impl BinaryMatrix {
     }
     pub fn byte_len(&self) -> usize {
         self.data.len() * 8
+    }
+    /// Every row's words, row r at `r × words`.
+    pub fn all_words(&self) -> &[u64] {
+        &self.data
     }
 }
 

@@ -304,6 +304,10 @@ impl<L: LookupLayout> LookupRepack<L> {
     pub fn tiles(&self) -> usize {
         self.rows.div_ceil(L::TILE_ROWS)
     }
+    /// Where row `r`'s tile starts in [`Self::bytes`].
+    pub fn tile_offset(&self, r: usize) -> usize {
+        r / L::TILE_ROWS * self.spans() * L::SPAN_BYTES
+    }
     pub fn spans(&self) -> usize {
         lookup_groups::<L>(self.cols) / L::SPAN_GROUPS
     }
@@ -330,6 +334,10 @@ impl<L: LookupLayout> LookupRepack<L> {
     /// Bytes a kernel streams to use every weight once.
     pub fn byte_len(&self) -> usize {
         self.data.len()
+    }
+    /// Every tile's bytes, tile t at `t × spans × SPAN_BYTES`.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
     }
 }
 

@@ -675,6 +675,39 @@ impl Kernel {
         }
     }
 
+    /// What this kernel streams of `w` from output row `row` on, to the end of the array it
+    /// reads (the `lut` or `perm` repack of a TQ1_0 matrix, from the tile of the row; a TQ2_0
+    /// matrix's code copy where the fused AVX2 kernel reads it; else the packed rows); for
+    /// prefetch hints only. A repack or code copy not made yet gives nothing: this never
+    /// makes one.
+    pub fn stream_from(&self, w: &PackedWeights, row: usize) -> PrefetchRange {
+        if row >= w.rows() {
+            return PrefetchRange::EMPTY;
+        }
+        // Arrays of equal-sized rows: row r starts at r / rows of the array.
+        let rows_of = |all: PrefetchRange| all.window(all.len() / w.rows().max(1) * row, usize::MAX);
+        match w {
+            PackedWeights::Tq1(m) if self.uses_perm() => match m.perm_made().then(|| m.perm()).flatten() {
+                Some(p) => PrefetchRange::of(p.bytes()).window(p.tile_offset(row), usize::MAX),
+                None => PrefetchRange::EMPTY,
+            },
+            PackedWeights::Tq1(m) if self.uses_lut() => match m.lut_made().then(|| m.lut()).flatten() {
+                Some(l) => PrefetchRange::of(l.bytes()).window(l.tile_offset(row), usize::MAX),
+                None => PrefetchRange::EMPTY,
+            },
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() && !m.codes_made() => PrefetchRange::EMPTY,
+            // No copy where no row has one scale: the kernel reads the blocks.
+            PackedWeights::Tq2(m) if self.uses_tq2_codes() && m.codes().is_some() => {
+                m.codes().map_or(PrefetchRange::EMPTY, |c| rows_of(PrefetchRange::of(c)))
+            }
+            PackedWeights::Tq2(m) => rows_of(PrefetchRange::of(m.blocks())),
+            PackedWeights::Tq1(m) => rows_of(PrefetchRange::of(m.blocks())),
+            PackedWeights::I2(m) => PrefetchRange::of(m.bytes()).window(m.row_bytes() * row, usize::MAX),
+            PackedWeights::BitPlanes(m) => rows_of(PrefetchRange::of(m.all_words())),
+            PackedWeights::Binary(m) => rows_of(PrefetchRange::of(m.all_words())),
+        }
+    }
+
     /// Every kernel this machine can run.
     pub fn all_supported() -> Vec<Kernel> {
         let mut v = Vec::new();
@@ -1726,6 +1759,51 @@ pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     widest_compiled!(rms_norm_in_place, crate::model::ops::rms_norm_in_place_portable, x, weight, eps)
 }
 
+/// Bytes at an address, kept only to ask for them in L2 ahead of their use: a prefetch never
+/// faults, so a range may outlive what it names (a worker may still be asking for the first
+/// rows of a step's next matmul when the step, or the model, is gone), and it is plain data
+/// that any thread may hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchRange {
+    start: usize,
+    len: usize,
+}
+
+impl PrefetchRange {
+    pub const EMPTY: Self = Self { start: 0, len: 0 };
+
+    pub fn of<T>(data: &[T]) -> Self {
+        Self { start: data.as_ptr() as usize, len: std::mem::size_of_val(data) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The part from byte `from` on, at most `max` bytes of it (empty past the end).
+    pub fn window(self, from: usize, max: usize) -> Self {
+        let from = from.min(self.len);
+        Self { start: self.start + from, len: (self.len - from).min(max) }
+    }
+
+    /// Asks for the cache lines of bytes `bytes` of the range in L2 (nothing where there is
+    /// no prefetch instruction).
+    pub fn prefetch_l2(self, bytes: Range<usize>) {
+        let (lo, hi) = (bytes.start.min(self.len), bytes.end.min(self.len));
+        #[cfg(target_arch = "x86_64")]
+        if lo < hi {
+            // The address is only handed to a prefetch instruction, never dereferenced.
+            x86_avx2::prefetch_l2((self.start + lo) as *const u8, hi - lo);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (lo, hi);
+    }
+}
+
 /// Asks for `data`'s cache lines in L2 ahead of its use (nothing where there is no prefetch
 /// instruction).
 pub(crate) fn prefetch_l2<T>(data: &[T]) {
@@ -2052,6 +2130,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `stream_from` names where a kernel's reads of a row begin (the start of the bytes a
+    /// worker asks for ahead of the next matmul): the row in the packed formats, its tile in
+    /// the TQ1_0 repacks, its codes in the AVX2 tq2 copy; nothing for a repack or copy not made
+    /// yet (which it does not make) and nothing past the last row.
+    #[test]
+    fn stream_from_starts_where_each_kernel_reads_the_row() {
+        use crate::formats::tq1_lut::LUT_TILE_ROWS;
+        use crate::formats::tq1_perm::PERM_TILE_ROWS;
+        use crate::formats::{BitPlaneMatrix, I2Matrix, Tq1Matrix, Tq2Matrix};
+        use IsaLevel::{Avx2, Avx512};
+        let (rows, cols) = (70, 512);
+        let k = |family, isa, form| Kernel { family, isa, form };
+        let at = |k: Kernel, w: &PackedWeights, r: usize| k.stream_from(w, r);
+        let end_of = |r: PrefetchRange| r.start + r.len;
+        let sample = [0, 1, 17, 33, rows - 1];
+
+        let tq2 = PackedWeights::Tq2(Tq2Matrix::random(rows, cols, 0.5, 1).unwrap());
+        let PackedWeights::Tq2(m) = &tq2 else { unreachable!() };
+        let (blocks, codes) =
+            (k(KernelFamily::Tq2, Avx512, KernelForm::Fused), k(KernelFamily::Tq2, Avx2, KernelForm::Fused));
+        for r in sample {
+            assert_eq!(at(blocks, &tq2, r), PrefetchRange::of(&m.blocks()[r * m.blocks_per_row()..]), "tq2 row {r}");
+        }
+        assert!(at(codes, &tq2, 3).is_empty() && !m.codes_made(), "a code copy not made yet gives nothing");
+        codes.prepare(&tq2);
+        for r in sample {
+            assert_eq!(at(codes, &tq2, r), PrefetchRange::of(&m.codes().unwrap()[r * cols / 4..]), "tq2 codes row {r}");
+        }
+
+        let tq1 = PackedWeights::Tq1(Tq1Matrix::random(rows, cols, 0.5, 2).unwrap());
+        let PackedWeights::Tq1(m) = &tq1 else { unreachable!() };
+        let (digits, lut, perm) = (
+            k(KernelFamily::Tq1, Avx512, KernelForm::Fused),
+            k(KernelFamily::Tq1, Avx512, KernelForm::Lut),
+            k(KernelFamily::Tq1, Avx512, KernelForm::Perm),
+        );
+        assert!(at(lut, &tq1, 0).is_empty() && at(perm, &tq1, 0).is_empty() && !m.lut_made() && !m.perm_made());
+        lut.prepare(&tq1);
+        perm.prepare(&tq1);
+        let (l, p) = (m.lut().unwrap(), m.perm().unwrap());
+        for r in sample {
+            assert_eq!(at(digits, &tq1, r), PrefetchRange::of(&m.blocks()[r * m.blocks_per_row()..]), "tq1 row {r}");
+            assert_eq!(at(lut, &tq1, r).start, l.tile(r / LUT_TILE_ROWS).as_ptr() as usize, "lut row {r}");
+            assert_eq!(at(perm, &tq1, r).start, p.tile(r / PERM_TILE_ROWS).as_ptr() as usize, "perm row {r}");
+            assert_eq!(end_of(at(lut, &tq1, r)), end_of(PrefetchRange::of(l.bytes())));
+            assert_eq!(end_of(at(perm, &tq1, r)), end_of(PrefetchRange::of(p.bytes())));
+        }
+
+        let i2 = PackedWeights::I2(I2Matrix::random(rows, cols, 0.5, 3).unwrap());
+        let PackedWeights::I2(m) = &i2 else { unreachable!() };
+        let planes = PackedWeights::BitPlanes(BitPlaneMatrix::random(rows, cols, 0.5, 4).unwrap());
+        let PackedWeights::BitPlanes(b) = &planes else { unreachable!() };
+        for r in sample {
+            let i2s = k(KernelFamily::I2s, Avx512, KernelForm::Fused);
+            assert_eq!(at(i2s, &i2, r).start, m.row(r).as_ptr() as usize, "i2 row {r}");
+            let xnor = k(KernelFamily::Xnor, Avx512, KernelForm::Fused);
+            assert_eq!(at(xnor, &planes, r).start, b.row_words(r).as_ptr() as usize, "bit planes row {r}");
+        }
+        for (kernel, w) in [(blocks, &tq2), (codes, &tq2), (digits, &tq1), (lut, &tq1), (perm, &tq1)] {
+            assert!(at(kernel, w, rows).is_empty() && at(kernel, w, rows + 5).is_empty(), "past the last row");
+        }
+        let r = PrefetchRange::of(&[0u8; 100][..]);
+        assert_eq!((r.window(30, 50).len(), r.window(80, 50).len(), r.window(150, 50).len()), (50, 20, 0));
     }
 
     /// The fused AVX2 tq2 kernel holds a copy of the codes (64 bytes a block) and reads them

@@ -7,6 +7,11 @@
 //! have not reached yet, so a thread that loses its core mid-step no longer holds up the rest. Workers spin briefly
 //! on a generation counter for the next job (decode dispatches jobs every few microseconds),
 //! then sleep on a condition variable, which the caller only touches when someone sleeps.
+//!
+//! A job may name an [`Ahead`] for each worker: bytes the worker asks for in L2 once its part
+//! is done, until the next job arrives. Decode steps pass the worker's first rows of the next
+//! matmul, so that the memory bus, idle while the caller runs the serial stages between two
+//! matmuls (norms, quantization, the residual), already streams the next weights.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -19,12 +24,44 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::kernels::PrefetchRange;
 
 /// How long an idle worker spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// A job as stored for the workers, its lifetime erased (see `run`).
-type Job = dyn Fn(usize) + Sync + 'static;
+/// A job as stored for the workers, its lifetime erased (see `run`): runs thread i's part and
+/// returns what that thread asks for afterwards.
+type Job = dyn Fn(usize) -> Ahead + Sync + 'static;
+
+/// What a worker asks for in L2 once its part of a job is done, while it waits for the next
+/// job: up to two ranges (the same rows of a gate and an up projection), asked for a
+/// KiB of each in turn, and no more once the next job has been published (the
+/// worker then runs it at once, and the job reads the rest as it would have anyway).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ahead(pub [PrefetchRange; 2]);
+
+/// Bytes a worker asks for between two looks at the job counter.
+const AHEAD_CHUNK: usize = 1024;
+
+impl Ahead {
+    pub const NONE: Self = Self([PrefetchRange::EMPTY; 2]);
+
+    pub fn one(r: PrefetchRange) -> Self {
+        Self([r, PrefetchRange::EMPTY])
+    }
+
+    /// Asks for the ranges' lines, a chunk of each in turn, while `go_on()` holds.
+    fn prefetch_while(self, go_on: impl Fn() -> bool) {
+        let longest = self.0[0].len().max(self.0[1].len());
+        let mut at = 0;
+        while at < longest && go_on() {
+            for r in self.0 {
+                r.prefetch_l2(at..at + AHEAD_CHUNK);
+            }
+            at += AHEAD_CHUNK;
+        }
+    }
+}
 
 struct Shared {
     /// Bumped once per job; workers run the job when they see it change.
@@ -210,7 +247,7 @@ impl WorkerPool {
 
     /// Runs `f(i)` on every thread i in 0..threads (i = 0 on the caller) and returns when all
     /// are done. A panic in any of them is re-raised here.
-    fn run<'a>(&self, f: &'a (dyn Fn(usize) + Sync + 'a)) {
+    fn run<'a>(&self, f: &'a (dyn Fn(usize) -> Ahead + Sync + 'a)) {
         if self.threads == 1 {
             f(0);
             return;
@@ -221,7 +258,7 @@ impl WorkerPool {
         // lifetime is erased, but the pointer is only used until `remaining` reaches 0 below,
         // while `f` is still borrowed by this call.
         unsafe {
-            *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize) + Sync + 'a), *const Job>(f));
+            *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize) -> Ahead + Sync + 'a), *const Job>(f));
         }
         s.remaining.store(self.threads - 1, SeqCst);
         s.generation.fetch_add(1, SeqCst);
@@ -286,6 +323,7 @@ impl WorkerPool {
             if !chunk.is_empty() {
                 f(r.start, chunk, s);
             }
+            Ahead::NONE
         });
     }
 }
@@ -297,13 +335,15 @@ impl WorkerPool {
     /// (as [`split`](Self::split) would give it), front to back, so its reads stream; a thread
     /// that runs out takes blocks from the back of the others' runs. On a shared machine a
     /// thread can lose its core for a millisecond mid-step: with a static split the others
-    /// then wait for it, here they take over what it has not started.
+    /// then wait for it, here they take over what it has not started. Once it has no block
+    /// left, worker i asks for `ahead(i)` (see [`Ahead`]).
     pub fn split_blocks<'a, T: Send, S: Send>(
         &self,
         out: &'a mut [T],
         unit: usize,
         block_units: usize,
         scratch: &mut [S],
+        ahead: impl Fn(usize) -> Ahead + Sync,
         f: impl Fn(&mut Blocks<'_, 'a, T>, &mut S) + Sync,
     ) {
         assert!(
@@ -330,6 +370,7 @@ impl WorkerPool {
             // SAFETY: scratch item i is used by thread i only, and `run` returns only when all
             // threads are done, while `scratch` is still exclusively borrowed by this call.
             f(&mut b, unsafe { scratch.item(i) });
+            ahead(i)
         });
     }
 }
@@ -340,16 +381,18 @@ impl WorkerPool {
     /// rows, so that the thread can combine them without another barrier).
     pub fn split_blocks_pair<'a, T: Send, S: Send>(
         &self,
-        a: &'a mut [T],
-        b: &'a mut [T],
+        (a, b): (&'a mut [T], &'a mut [T]),
         unit: usize,
         block_units: usize,
         scratch: &mut [S],
+        ahead: impl Fn(usize) -> Ahead + Sync,
         f: impl Fn(&mut PairBlocks<'_, '_, 'a, T>, &mut S) + Sync,
     ) {
         assert_eq!(a.len(), b.len(), "split_blocks_pair: outputs differ in length");
         let pb = DisjointParts::new(b);
-        self.split_blocks(a, unit, block_units, scratch, |blocks, s| f(&mut PairBlocks { a: blocks, b: &pb }, s));
+        self.split_blocks(a, unit, block_units, scratch, ahead, |blocks, s| {
+            f(&mut PairBlocks { a: blocks, b: &pb }, s)
+        });
     }
 }
 
@@ -457,12 +500,15 @@ fn worker_loop(s: &Shared, index: usize) {
         // SAFETY: the generation was published after `job` was written (SeqCst) and `run`
         // keeps the job alive until `remaining` reaches 0, which happens only after this call.
         let job = unsafe { (*s.job.get()).expect("job set before the generation bump") };
-        let r: std::result::Result<(), Box<dyn Any + Send>> =
+        let r: std::result::Result<Ahead, Box<dyn Any + Send>> =
             catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(index) }));
-        if r.is_err() {
+        let ahead = r.unwrap_or_else(|_| {
             s.panicked.store(true, SeqCst);
-        }
+            Ahead::NONE
+        });
         s.remaining.fetch_sub(1, Release);
+        // The job may be gone now; `ahead` is plain addresses, only ever prefetched.
+        ahead.prefetch_while(|| s.generation.load(Relaxed) == seen);
     }
 }
 
@@ -500,6 +546,58 @@ impl<'a, T> DisjointParts<'a, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker asks for a chunk of each of its ranges in turn, looking at the job counter
+    /// before each chunk, and stops when told to (a new job): the longer range decides how
+    /// many chunks there are.
+    #[test]
+    fn ahead_asks_a_chunk_of_each_range_in_turn_until_told_to_stop() {
+        let data = vec![1u8; 10 * AHEAD_CHUNK + 1];
+        let ahead = Ahead([PrefetchRange::of(&data[..100]), PrefetchRange::of(&data)]);
+        let looks = std::cell::Cell::new(0);
+        ahead.prefetch_while(|| {
+            looks.set(looks.get() + 1);
+            true
+        });
+        assert_eq!(looks.get(), 11, "one look before each of the longer range's 11 chunks");
+        looks.set(0);
+        ahead.prefetch_while(|| {
+            looks.set(looks.get() + 1);
+            looks.get() <= 3
+        });
+        assert_eq!(looks.get(), 4, "3 chunks, then the look that saw the next job");
+        Ahead::NONE.prefetch_while(|| panic!("nothing to ask for, so no look"));
+    }
+
+    /// What workers ask for is only ever prefetched: ranges of memory freed before the jobs
+    /// run (as a finished step's weights may be) neither fault nor disturb the jobs.
+    #[test]
+    fn ahead_ranges_of_freed_memory_are_harmless() {
+        let pool = WorkerPool::new(3, false).unwrap();
+        let freed = {
+            let big = vec![7u8; 16 << 20];
+            PrefetchRange::of(&big)
+        };
+        let mut scratch = vec![(); 3];
+        for round in 0..20 {
+            let mut out = vec![0usize; 300];
+            pool.split_blocks(
+                &mut out,
+                1,
+                7,
+                &mut scratch,
+                |_| Ahead([freed, freed.window(1 << 20, 1 << 20)]),
+                |blocks, _| {
+                    while let Some((first, chunk)) = blocks.next_block() {
+                        for (j, v) in chunk.iter_mut().enumerate() {
+                            *v = first + j + round;
+                        }
+                    }
+                },
+            );
+            assert!(out.iter().enumerate().all(|(i, &v)| v == i + round), "round {round}");
+        }
+    }
 
     #[test]
     fn chunks_cover_everything_once_and_respect_alignment() {
@@ -565,15 +663,22 @@ mod tests {
                 // the value also says which unit it is).
                 let mut out = vec![0u32; 3 * units];
                 let mut scratch = vec![0usize; threads];
-                pool.split_blocks(&mut out, 3, block, &mut scratch, |blocks, s| {
-                    while let Some((first, chunk)) = blocks.next_block() {
-                        assert!(chunk.len() % 3 == 0 && (threads == 1 || first % block == 0));
-                        for (j, v) in chunk.iter_mut().enumerate() {
-                            *v += 1 + (first * 3 + j) as u32 * 2;
+                pool.split_blocks(
+                    &mut out,
+                    3,
+                    block,
+                    &mut scratch,
+                    |_| Ahead::NONE,
+                    |blocks, s| {
+                        while let Some((first, chunk)) = blocks.next_block() {
+                            assert!(chunk.len() % 3 == 0 && (threads == 1 || first % block == 0));
+                            for (j, v) in chunk.iter_mut().enumerate() {
+                                *v += 1 + (first * 3 + j) as u32 * 2;
+                            }
+                            *s += chunk.len() / 3;
                         }
-                        *s += chunk.len() / 3;
-                    }
-                });
+                    },
+                );
                 assert!(
                     out.iter().enumerate().all(|(j, v)| *v == 1 + j as u32 * 2),
                     "{threads} threads, {units} units"
@@ -593,19 +698,27 @@ mod tests {
             let done: Vec<AtomicBool> = (0..64).map(|_| AtomicBool::new(false)).collect();
             let mut out = vec![usize::MAX; 64];
             let mut scratch = vec![0usize; threads];
-            pool.split_blocks(&mut out, 1, 1, &mut scratch, |blocks, s| {
-                while let Some((first, chunk)) = blocks.next_block() {
-                    let start = Instant::now();
-                    while first == 0 && !done[own.end - 1].load(SeqCst) && start.elapsed() < Duration::from_secs(10) {
-                        std::thread::yield_now();
+            pool.split_blocks(
+                &mut out,
+                1,
+                1,
+                &mut scratch,
+                |_| Ahead::NONE,
+                |blocks, s| {
+                    while let Some((first, chunk)) = blocks.next_block() {
+                        let start = Instant::now();
+                        while first == 0 && !done[own.end - 1].load(SeqCst) && start.elapsed() < Duration::from_secs(10)
+                        {
+                            std::thread::yield_now();
+                        }
+                        for (j, v) in chunk.iter_mut().enumerate() {
+                            *v = first + j;
+                            done[first + j].store(true, SeqCst);
+                        }
+                        *s += chunk.len();
                     }
-                    for (j, v) in chunk.iter_mut().enumerate() {
-                        *v = first + j;
-                        done[first + j].store(true, SeqCst);
-                    }
-                    *s += chunk.len();
-                }
-            });
+                },
+            );
             assert!(out.iter().enumerate().all(|(j, v)| *v == j));
             assert!(scratch[0] < own.len(), "thread 0 did all of its run itself: {scratch:?}");
         }
@@ -616,15 +729,22 @@ mod tests {
         let pool = WorkerPool::new(2, false).unwrap();
         let (mut a, mut b) = (vec![0usize; 2 * 37], vec![0usize; 2 * 37]);
         let mut scratch = vec![(); 2];
-        pool.split_blocks_pair(&mut a, &mut b, 2, 5, &mut scratch, |blocks, _| {
-            while let Some((first, ca, cb)) = blocks.next_block() {
-                assert_eq!(ca.len(), cb.len());
-                for (j, (x, y)) in ca.iter_mut().zip(cb.iter_mut()).enumerate() {
-                    *x = first * 2 + j;
-                    *y = 1000 + first * 2 + j;
+        pool.split_blocks_pair(
+            (&mut a, &mut b),
+            2,
+            5,
+            &mut scratch,
+            |_| Ahead::NONE,
+            |blocks, _| {
+                while let Some((first, ca, cb)) = blocks.next_block() {
+                    assert_eq!(ca.len(), cb.len());
+                    for (j, (x, y)) in ca.iter_mut().zip(cb.iter_mut()).enumerate() {
+                        *x = first * 2 + j;
+                        *y = 1000 + first * 2 + j;
+                    }
                 }
-            }
-        });
+            },
+        );
         assert!(a.iter().enumerate().all(|(j, v)| *v == j));
         assert!(b.iter().enumerate().all(|(j, v)| *v == 1000 + j));
     }
