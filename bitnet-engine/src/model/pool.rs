@@ -84,7 +84,14 @@ struct Shared {
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
-/// A fixed set of worker threads.
+/// A fixed set of worker threads, driven by one thread: the pool is not `Sync`, since jobs
+/// share one slot and two threads dispatching at once would race on it (it had been `Sync`,
+/// which safe code could turn into a data race).
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<bitnet_engine::model::WorkerPool>();
+/// ```
 pub struct WorkerPool {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
@@ -92,6 +99,8 @@ pub struct WorkerPool {
     pinned: bool,
     /// One per thread: its blocks of the current [`WorkerPool::split_blocks`].
     shares: Box<[Share]>,
+    /// Makes the pool `!Sync` (see above); it stays `Send`.
+    not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
 /// A thread's blocks in a [`WorkerPool::split_blocks`]: `front` (the next block its owner
@@ -220,7 +229,7 @@ impl WorkerPool {
             handles.push(h);
         }
         let shares = (0..threads).map(|_| Share(AtomicU64::new(0))).collect();
-        let pool = Self { shared, handles, threads, pinned: pin, shares };
+        let pool = Self { shared, handles, threads, pinned: pin, shares, not_sync: PhantomData };
         if pin {
             while tried.load(SeqCst) < threads - 1 {
                 std::thread::yield_now();
