@@ -1747,6 +1747,18 @@ pub(crate) fn transpose_cols_into(src: &[f32], r_n: usize, c_n: usize, cols: Ran
     crate::model::ops::transpose_cols_into_portable(src, r_n, c_n, cols, dst)
 }
 
+/// Columns `c0..c0 + 8` of a `[r_n, c_n]` f32 matrix into eight rows (`dsts[k][r] =
+/// src[r][c0 + k]`, r_n = each row's length; `ops::transpose_8_cols_to_rows_portable` is the
+/// definition): a decode batch's `[rows, tokens]` matmul block written into eight tokens' rows
+/// of a `[tokens, n]` output, 8 × 8 tiles in registers where the CPU has AVX2.
+pub(crate) fn transpose_8_cols_to_rows(src: &[f32], c_n: usize, c0: usize, dsts: [&mut [f32]; 8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = x86_avx2::Avx2::new() {
+        return x86_avx2::transpose_8_cols_to_rows(t, src, c_n, c0, dsts);
+    }
+    crate::model::ops::transpose_8_cols_to_rows_portable(src, c_n, c0, dsts)
+}
+
 /// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for the widest ISA the CPU
 /// has, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
 /// took about 1 ns per element, on the caller thread while the others wait.
@@ -2267,6 +2279,44 @@ mod tests {
                         x86_avx2::transpose_cols_into(t, &src, r_n, c_n, a..b, &mut simd);
                         assert_eq!(bits(&simd), bits(&want), "avx2 {r_n}×{c_n} cols {a}..{b}");
                     }
+                }
+            }
+        }
+    }
+
+    /// Eight columns into eight rows: the portable loop is the definition, checked against
+    /// the source, and every path gives its bits, at tile and tail row counts.
+    #[test]
+    fn eight_columns_into_rows_equal_plain_loops() {
+        for r_n in [0usize, 1, 7, 8, 9, 16, 23, 130] {
+            for (c_n, c0) in [(8usize, 0usize), (9, 1), (16, 8), (13, 3)] {
+                let src: Vec<f32> = (0..r_n * c_n).map(|i| i as f32 * 0.25 - 7.0).collect();
+                let run = |f: &dyn Fn(&mut [Vec<f32>; 8])| {
+                    let mut rows: [Vec<f32>; 8] = std::array::from_fn(|_| vec![f32::NAN; r_n]);
+                    f(&mut rows);
+                    rows.map(|r| r.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+                };
+                let want = run(&|rows| {
+                    crate::model::ops::transpose_8_cols_to_rows_portable(
+                        &src,
+                        c_n,
+                        c0,
+                        rows.each_mut().map(|r| &mut r[..]),
+                    )
+                });
+                for (k, row) in want.iter().enumerate() {
+                    for (r, bits) in row.iter().enumerate() {
+                        assert_eq!(f32::from_bits(*bits), src[r * c_n + c0 + k]);
+                    }
+                }
+                let got = run(&|rows| transpose_8_cols_to_rows(&src, c_n, c0, rows.each_mut().map(|r| &mut r[..])));
+                assert_eq!(got, want, "{r_n}×{c_n} from column {c0}");
+                #[cfg(target_arch = "x86_64")]
+                if let Some(t) = x86_avx2::Avx2::new() {
+                    let simd = run(&|rows| {
+                        x86_avx2::transpose_8_cols_to_rows(t, &src, c_n, c0, rows.each_mut().map(|r| &mut r[..]))
+                    });
+                    assert_eq!(simd, want, "avx2 {r_n}×{c_n} from column {c0}");
                 }
             }
         }

@@ -449,34 +449,78 @@ unsafe fn transpose_tiles(
     for r0 in (0..rows_full).step_by(8) {
         for c0 in cols.clone().step_by(8) {
             let v: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(s.add((r0 + i) * c_n + c0)));
-            // Pairs of rows interleaved, then pairs of pairs: each 128-bit half now holds four
-            // consecutive rows of one column; the lane permute joins the two halves.
-            let t = [
-                _mm256_unpacklo_ps(v[0], v[1]),
-                _mm256_unpackhi_ps(v[0], v[1]),
-                _mm256_unpacklo_ps(v[2], v[3]),
-                _mm256_unpackhi_ps(v[2], v[3]),
-                _mm256_unpacklo_ps(v[4], v[5]),
-                _mm256_unpackhi_ps(v[4], v[5]),
-                _mm256_unpacklo_ps(v[6], v[7]),
-                _mm256_unpackhi_ps(v[6], v[7]),
-            ];
-            let u: [__m256; 8] = [
-                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-            ];
-            for j in 0..4 {
-                let out_lo = _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]);
-                let out_hi = _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]);
-                _mm256_storeu_ps(d.add((c0 - first + j) * r_n + r0), out_lo);
-                _mm256_storeu_ps(d.add((c0 - first + j + 4) * r_n + r0), out_hi);
+            for (j, col) in transpose8x8(v).into_iter().enumerate() {
+                _mm256_storeu_ps(d.add((c0 - first + j) * r_n + r0), col);
             }
+        }
+    }
+}
+
+/// The 8 × 8 tile whose row i is `v[i]`, transposed: column j in element j.
+#[inline(always)]
+unsafe fn transpose8x8(v: [__m256; 8]) -> [__m256; 8] {
+    // Pairs of rows interleaved, then pairs of pairs: each 128-bit half now holds four
+    // consecutive rows of one column; the lane permute joins the two halves.
+    let t = [
+        _mm256_unpacklo_ps(v[0], v[1]),
+        _mm256_unpackhi_ps(v[0], v[1]),
+        _mm256_unpacklo_ps(v[2], v[3]),
+        _mm256_unpackhi_ps(v[2], v[3]),
+        _mm256_unpacklo_ps(v[4], v[5]),
+        _mm256_unpackhi_ps(v[4], v[5]),
+        _mm256_unpacklo_ps(v[6], v[7]),
+        _mm256_unpackhi_ps(v[6], v[7]),
+    ];
+    let u: [__m256; 8] = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    std::array::from_fn(|j| {
+        if j < 4 {
+            _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(u[j - 4], u[j])
+        }
+    })
+}
+
+/// Columns `c0..c0 + 8` of a `[r_n, c_n]` matrix into eight separate rows (see
+/// `kernels::transpose_8_cols_to_rows`): 8 × 8 tiles in registers, the last r_n mod 8 rows by
+/// a plain loop.
+pub(crate) fn transpose_8_cols_to_rows(_t: Avx2, src: &[f32], c_n: usize, c0: usize, dsts: [&mut [f32]; 8]) {
+    let r_n = dsts[0].len();
+    assert!(dsts.iter().all(|d| d.len() == r_n), "rows of different lengths");
+    assert!(c0 + 8 <= c_n && src.len() >= r_n * c_n, "columns {c0}..{} of {c_n}, or source too short", c0 + 8);
+    let rows_full = r_n / 8 * 8;
+    let d: [*mut f32; 8] = std::array::from_fn(|k| dsts[k].as_mut_ptr());
+    // SAFETY: the token proves AVX2; the asserts bound every tile (see the impl).
+    unsafe { transpose_tiles_to_rows(src, c_n, c0, rows_full, d) };
+    for (k, dst) in dsts.into_iter().enumerate() {
+        for r in rows_full..r_n {
+            dst[r] = src[r * c_n + c0 + k];
+        }
+    }
+}
+
+/// Tiles of [`transpose_8_cols_to_rows`].
+///
+/// SAFETY: the caller guarantees `c0 + 8 ≤ c_n`, `src.len() ≥ rows_full·c_n` and that each of
+/// `d` points to at least `rows_full` writable floats of its own, so every load (row <
+/// rows_full, column < c0 + 8) and every store (8 floats from row r0 < rows_full) is in
+/// bounds.
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_tiles_to_rows(src: &[f32], c_n: usize, c0: usize, rows_full: usize, d: [*mut f32; 8]) {
+    let s = src.as_ptr();
+    for r0 in (0..rows_full).step_by(8) {
+        let v: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(s.add((r0 + i) * c_n + c0)));
+        for (k, col) in transpose8x8(v).into_iter().enumerate() {
+            _mm256_storeu_ps(d[k].add(r0), col);
         }
     }
 }

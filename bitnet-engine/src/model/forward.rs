@@ -11,13 +11,13 @@ use crate::kernels::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
     attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
     attention_weighted_sum_group_encoded, decode_kv_rows, encoded_groups_read_once, head_matmul, prefetch_l2,
-    q6k_groups_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_cols_into, Kernel, KernelFamily,
-    KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
+    q6k_groups_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_8_cols_to_rows, transpose_cols_into,
+    Kernel, KernelFamily, KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
 };
 use crate::model::config::{FfnActivation, ModelConfig};
 use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
 use crate::model::ops::{add_in_place, rope, rope_angles, transpose_into};
-use crate::model::pool::{chunk_range, Ahead, WorkerPool};
+use crate::model::pool::{chunk_range, Ahead, Columns, ScatterTarget, WorkerPool};
 use crate::model::weights::Weights;
 
 /// A model: its config and weights.
@@ -637,33 +637,47 @@ fn linear(
 ) -> Result<()> {
     let (n, rows) = (w.rows(), act.batch());
     let kernel = kernel_for_rows(forced, w, rows);
-    // One token: `[n, 1]` is already `[1, n]`, so the threads write the output in place.
-    let direct = rows == 1;
-    let dst = if direct { &mut out[..n] } else { &mut mm[..n * rows] };
-    kernel.check(w, act, &(0..n), dst)?;
+    kernel.check(w, act, &(0..n), &mm[..n * rows])?;
     let on = workers[0].rec.on();
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let w_bytes = kernel.bytes_read(w) as u64;
     let threads = pool.threads();
-    pool.split_blocks(
-        dst,
+    let scatter = scatters(rows);
+    pool.split_blocks_scatter(
+        (&mut mm[..n * rows], None),
         rows,
         kernel.row_block(),
+        [ScatterTarget::new(&mut out[..rows * n], n, 0)],
         workers,
         |i| upcoming.ahead(threads, i),
         |blocks, wk| {
             let t0 = wk.rec.start();
-            let mut bytes = None;
-            while let Some((first, chunk)) = blocks.next_block() {
+            let mut t = t0;
+            // Bytes of the blocks not yet in a span: a run of blocks is one span, cut where a
+            // block's scatter is timed.
+            let mut open = None;
+            while let Some((first, chunk, _, [mut cols])) = blocks.next_block() {
                 let r = first..first + chunk.len() / rows;
-                *bytes.get_or_insert(0) += w_bytes * r.len() as u64 / n as u64;
-                kernel.matmul(w, act, r, chunk, &mut wk.kernel).expect("arguments checked before the split");
-                scale_in_place(chunk, out_scale);
+                *open.get_or_insert(0) += w_bytes * r.len() as u64 / n as u64;
+                // One token: `[n, 1]` is `[1, n]`, so the kernel writes the output in place.
+                let dst = if rows == 1 { cols.token(0) } else { &mut *chunk };
+                kernel.matmul(w, act, r, dst, &mut wk.kernel).expect("arguments checked before the split");
+                scale_in_place(dst, out_scale);
+                if scatter && rows > 1 {
+                    if let (Some(bytes), true) = (open.take(), wk.rec.on()) {
+                        t = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t, bytes);
+                    }
+                    scatter_block(chunk, &mut cols);
+                    t = wk.rec.end(ctx, Stage::Transpose, t, 0);
+                }
             }
-            if let (Some(bytes), true) = (bytes, wk.rec.on()) {
+            if let (Some(bytes), true) = (open, wk.rec.on()) {
+                t = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t, bytes);
+            }
+            if t != t0 {
                 wk.rec.chunk_start = t0;
-                wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernel, ctx, t0, bytes);
+                wk.rec.chunk_end = t;
             }
             if blocks.is_caller() {
                 next.prefetch();
@@ -674,7 +688,7 @@ fn linear(
     if on {
         rec.end_split(ctx, t_split);
     }
-    if !direct {
+    if !scatter {
         transpose_result(pool, &mm[..n * rows], n, rows, out, workers, ctx);
     }
     Ok(())
@@ -714,19 +728,29 @@ fn linear_multi<const P: usize>(
     let t_split = workers[0].rec.start();
     workers[0].rec.begin_split(t_split);
     let block_rows = kernels.iter().map(|k| k.row_block()).max().unwrap_or(BLOCK_ROWS);
-    pool.split_blocks(
-        &mut mm[..total * rows],
+    let scatter = scatters(rows);
+    let mut outs = outs;
+    let mut part = 0;
+    let targets = outs.each_mut().map(|out| {
+        let target = ScatterTarget::new(&mut out[..rows * ns[part]], ns[part], offs[part]);
+        part += 1;
+        target
+    });
+    pool.split_blocks_scatter(
+        (&mut mm[..total * rows], None),
         rows,
         block_rows,
+        targets,
         workers,
         |_| Ahead::NONE,
         |blocks, wk| {
             let t0 = wk.rec.start();
             let mut t = t0;
             // The part being timed and its bytes so far: consecutive blocks of one part make one
-            // span (a thread's blocks are consecutive rows, except those it takes from others).
+            // span (a thread's blocks are consecutive rows, except those it takes from others),
+            // cut where a block's scatter is timed.
             let mut open: Option<(usize, u64)> = None;
-            while let Some((first, chunk)) = blocks.next_block() {
+            while let Some((first, chunk, _, mut cols)) = blocks.next_block() {
                 let end = first + chunk.len() / rows;
                 for i in 0..P {
                     let (lo, hi) = (offs[i].max(first), (offs[i] + ns[i]).min(end));
@@ -739,19 +763,31 @@ fn linear_multi<const P: usize>(
                         }
                         open = None;
                     }
-                    let (w, out_scale, _) = parts[i];
-                    let out = &mut chunk[(lo - first) * rows..(hi - first) * rows];
+                    let (w, out_scale, ctx) = parts[i];
+                    let part = &mut chunk[(lo - first) * rows..(hi - first) * rows];
+                    // One token: the kernel writes the part's output in place (see `linear`).
+                    let dst = if rows == 1 { cols[i].token(0) } else { &mut *part };
                     kernels[i]
-                        .matmul(w, act, lo - offs[i]..hi - offs[i], out, &mut wk.kernel)
+                        .matmul(w, act, lo - offs[i]..hi - offs[i], dst, &mut wk.kernel)
                         .expect("arguments checked before the split");
-                    scale_in_place(out, out_scale);
+                    scale_in_place(dst, out_scale);
                     let bytes = kernels[i].bytes_read(w) as u64 * (hi - lo) as u64 / ns[i] as u64;
                     open = Some((i, open.map_or(0, |o| o.1) + bytes));
+                    if scatter && rows > 1 {
+                        if let (Some((p, bytes)), true) = (open.take(), wk.rec.on()) {
+                            t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+                        }
+                        scatter_block(part, &mut cols[i]);
+                        t = wk.rec.end(ctx, Stage::Transpose, t, 0);
+                    }
                 }
             }
             if let (Some((p, bytes)), true) = (open, wk.rec.on()) {
+                t = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+            }
+            if t != t0 {
                 wk.rec.chunk_start = t0;
-                wk.rec.chunk_end = record_matmul(&mut wk.rec, &mut wk.kernel, kernels[p], parts[p].2, t, bytes);
+                wk.rec.chunk_end = t;
             }
             if blocks.is_caller() {
                 next.prefetch();
@@ -762,9 +798,11 @@ fn linear_multi<const P: usize>(
     if on {
         rec.end_split(parts[0].2, t_split);
     }
-    for (i, out) in outs.into_iter().enumerate() {
-        let m = &mm[offs[i] * rows..(offs[i] + ns[i]) * rows];
-        transpose_result(pool, m, ns[i], rows, out, workers, parts[i].2);
+    if !scatter {
+        for (i, out) in outs.into_iter().enumerate() {
+            let m = &mm[offs[i] * rows..(offs[i] + ns[i]) * rows];
+            transpose_result(pool, m, ns[i], rows, out, workers, parts[i].2);
+        }
     }
     Ok(())
 }
@@ -792,9 +830,7 @@ fn linear_gated(
         return Err(Error::Shape(format!("gate has {n} rows but up has {}", up.0.rows())));
     }
     let (kg, ku) = (kernel_for_rows(forced, gate.0, rows), kernel_for_rows(forced, up.0, rows));
-    // One token: the activated gate rows are written in place (see `linear`).
-    let direct = rows == 1;
-    let (mg, mu) = if direct { (&mut out[..n], &mut mm[..n]) } else { mm[..2 * n * rows].split_at_mut(n * rows) };
+    let (mg, mu) = mm[..2 * n * rows].split_at_mut(n * rows);
     kg.check(gate.0, act, &(0..n), mg)?;
     ku.check(up.0, act, &(0..n), mu)?;
     let on = workers[0].rec.on();
@@ -802,18 +838,25 @@ fn linear_gated(
     workers[0].rec.begin_split(t_split);
     let (gate_bytes, up_bytes) = (kg.bytes_read(gate.0) as u64, ku.bytes_read(up.0) as u64);
     let (threads, block) = (pool.threads(), kg.row_block().max(ku.row_block()));
-    pool.split_blocks_pair(
-        (mg, mu),
+    let scatter = scatters(rows);
+    pool.split_blocks_scatter(
+        (mg, Some(mu)),
         rows,
         block,
+        [ScatterTarget::new(&mut out[..rows * n], n, 0)],
         workers,
         |i| upcoming.ahead(threads, i),
         |blocks, wk| {
             let t0 = wk.rec.start();
             let mut t = t0;
-            // Each block is gate, up and the activation of the same rows: three spans per block.
-            while let Some((first, cg, cu)) = blocks.next_block() {
+            // Each block is gate, up and the activation of the same rows (and the scatter of
+            // the activated rows): three spans per block (four).
+            while let Some((first, cg, cu, [mut cols])) = blocks.next_block() {
+                let cu = cu.expect("split with up's output");
                 let r = first..first + cg.len() / rows;
+                // One token: the activated gate rows are written in place (see `linear`).
+                let block = cg;
+                let cg = if rows == 1 { cols.token(0) } else { &mut *block };
                 kg.matmul(gate.0, act, r.clone(), cg, &mut wk.kernel).expect("arguments checked before the split");
                 scale_in_place(cg, gate.1);
                 if wk.rec.on() {
@@ -833,6 +876,10 @@ fn linear_gated(
                 }
                 crate::kernels::gated_activation(activation, cg, cu);
                 t = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
+                if scatter && rows > 1 {
+                    scatter_block(block, &mut cols);
+                    t = wk.rec.end(gate.2, Stage::Transpose, t, 0);
+                }
             }
             if t != t0 {
                 wk.rec.chunk_start = t0;
@@ -847,7 +894,7 @@ fn linear_gated(
     if on {
         rec.end_split(gate.2, t_split);
     }
-    if !direct {
+    if !scatter {
         transpose_result(pool, &mm[..n * rows], n, rows, out, workers, gate.2);
     }
     Ok(())
@@ -986,10 +1033,39 @@ impl<'a> Upcoming<'a> {
     }
 }
 
+/// Whether the linear layers of a forward call on `rows` tokens write their results straight
+/// into `[rows, n]` ([`ScatterTarget`]), each thread its blocks' columns, rather than into
+/// `[n, rows]` for a transpose afterwards. Decode batches: the serial transposes had taken
+/// 1.5–3% of a batch-8 step while the other threads waited (2B4T TQ2_0, batch 8, 2 threads,
+/// alternating in one process: steps 1.4% faster, in 12 of 16 rounds; the copies take the
+/// same thread time, now shared). A prompt's tokens keep the transpose split by tokens
+/// ([`transpose_result`]); the scatter was not measured there.
+fn scatters(rows: usize) -> bool {
+    rows < PARALLEL_TRANSPOSE_ROWS
+}
+
+/// Copies a `[len, tokens]` block of a matmul result into its columns of a `[tokens, n]`
+/// output (`cols.cols().len() == len`): eight tokens at a time as 8 × 8 tiles, the rest by a
+/// plain loop.
+fn scatter_block(block: &[f32], cols: &mut Columns<'_, '_, f32>) {
+    let tokens = cols.tokens();
+    debug_assert_eq!(block.len(), cols.cols().len() * tokens);
+    let mut t = 0;
+    while t + 8 <= tokens {
+        transpose_8_cols_to_rows(block, tokens, t, cols.token_group::<8>(t));
+        t += 8;
+    }
+    for t in t..tokens {
+        for (j, d) in cols.token(t).iter_mut().enumerate() {
+            *d = block[j * tokens + t];
+        }
+    }
+}
+
 /// From this many tokens on, a `[n, rows]` matmul result is transposed by the pool (each
 /// thread its share of the tokens) instead of by the caller alone: in a 128-token prefill the
-/// serial transposes took 14% of the wall time with the other threads idle. Decode (one token,
-/// or a small batch) keeps the serial copy and saves a barrier.
+/// serial transposes took 14% of the wall time with the other threads idle. Decode batches
+/// scatter their blocks instead ([`scatters`]); the LM head's logits still come here.
 const PARALLEL_TRANSPOSE_ROWS: usize = 16;
 
 /// Fewer rows are transposed in parallel too when there are this many floats (1 MiB, an L2):

@@ -77,6 +77,16 @@ pub(crate) fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32
     crate::kernels::transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
 }
 
+/// Columns `c0..c0 + 8` of a `[r_n, c_n]` matrix into eight rows (`dsts[k][r] = src[r][c0 + k]`,
+/// r_n = each row's length).
+pub(crate) fn transpose_8_cols_to_rows_portable(src: &[f32], c_n: usize, c0: usize, dsts: [&mut [f32]; 8]) {
+    for (k, dst) in dsts.into_iter().enumerate() {
+        for (r, d) in dst.iter_mut().enumerate() {
+            *d = src[r * c_n + c0 + k];
+        }
+    }
+}
+
 /// Columns `cols` of a `[r_n, c_n]` source, transposed: `dst[c − cols.start][r] = src[r][c]`
 /// (one thread's share of [`transpose_into`]: its rows of the destination). Plain loops over
 /// 8 × 8 tiles: the oracle of, and the fallback for, the SIMD tiles in `kernels`.

@@ -429,6 +429,129 @@ impl<'a, T> PairBlocks<'_, '_, 'a, T> {
     }
 }
 
+/// A `[tokens, n]` output that the blocks of a [`WorkerPool::split_blocks_scatter`] write a
+/// few columns at a time: its column c is unit `offset + c` of the split, so the thread given
+/// a block writes that block's columns for every token. A matmul's `[n, tokens]` block goes
+/// straight into the `[tokens, n]` layout the next stage reads, where the whole result had
+/// been transposed on the caller afterwards while the other threads waited.
+pub struct ScatterTarget<'a, T> {
+    parts: DisjointParts<'a, T>,
+    n: usize,
+    offset: usize,
+}
+
+impl<'a, T> ScatterTarget<'a, T> {
+    /// `out` is `[tokens, n]`; its columns are units `offset..offset + n` of the split.
+    pub fn new(out: &'a mut [T], n: usize, offset: usize) -> Self {
+        assert!(n > 0 && out.len().is_multiple_of(n), "scatter target: length is not a whole number of rows of {n}");
+        Self { parts: DisjointParts::new(out), n, offset }
+    }
+
+    /// The columns of units `units` (empty where they miss this target).
+    fn columns(&self, units: Range<usize>) -> Range<usize> {
+        let lo = units.start.clamp(self.offset, self.offset + self.n) - self.offset;
+        let hi = units.end.clamp(self.offset, self.offset + self.n) - self.offset;
+        lo..hi
+    }
+}
+
+/// One block's columns of a [`ScatterTarget`] (see [`ScatterBlocks::next_block`]).
+pub struct Columns<'s, 'a, T> {
+    parts: &'s DisjointParts<'a, T>,
+    n: usize,
+    cols: Range<usize>,
+}
+
+impl<T> Columns<'_, '_, T> {
+    /// The block's columns in the target's numbering (empty where the block misses it).
+    pub fn cols(&self) -> Range<usize> {
+        self.cols.clone()
+    }
+
+    /// Rows of the target.
+    pub fn tokens(&self) -> usize {
+        self.parts.len / self.n
+    }
+
+    /// Rows `first..first + N`'s parts in these columns, all at once.
+    pub fn token_group<const N: usize>(&mut self, first: usize) -> [&mut [T]; N] {
+        assert!(first + N <= self.tokens(), "tokens {first}..{} of {}", first + N, self.tokens());
+        let (n, cols) = (self.n, self.cols.clone());
+        // SAFETY: as in `token`; the N rows are distinct, so their parts are disjoint too.
+        std::array::from_fn(|i| unsafe { self.parts.slice((first + i) * n + cols.start..(first + i) * n + cols.end) })
+    }
+
+    /// Row `t`'s part in these columns.
+    pub fn token(&mut self, t: usize) -> &mut [T] {
+        assert!(t < self.tokens(), "token {t} of {}", self.tokens());
+        // SAFETY: the columns are those of one block's units, which no other thread is given
+        // (see `Blocks::next_block`), so no two threads' parts overlap; a thread's blocks are
+        // disjoint too, and `&mut self` keeps one part of this block alive at a time. The
+        // target stays exclusively borrowed until `split_blocks_scatter` returns.
+        unsafe { self.parts.slice(t * self.n + self.cols.start..t * self.n + self.cols.end) }
+    }
+}
+
+impl WorkerPool {
+    /// [`split_blocks`](Self::split_blocks) over `out` (and over `second`, of the same length,
+    /// as [`split_blocks_pair`](Self::split_blocks_pair) does), with `P` scatter targets whose
+    /// columns each block also gets (see [`ScatterTarget`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_blocks_scatter<'a, T: Send, U: Send, S: Send, const P: usize>(
+        &self,
+        (out, second): (&'a mut [T], Option<&'a mut [T]>),
+        unit: usize,
+        block_units: usize,
+        targets: [ScatterTarget<'a, U>; P],
+        scratch: &mut [S],
+        ahead: impl Fn(usize) -> Ahead + Sync,
+        f: impl Fn(&mut ScatterBlocks<'_, '_, 'a, T, U, P>, &mut S) + Sync,
+    ) {
+        if let Some(b) = &second {
+            assert_eq!(out.len(), b.len(), "split_blocks_scatter: outputs differ in length");
+        }
+        let second = second.map(DisjointParts::new);
+        let targets = &targets;
+        self.split_blocks(out, unit, block_units, scratch, ahead, |blocks, s| {
+            f(&mut ScatterBlocks { a: blocks, second: second.as_ref(), targets }, s)
+        });
+    }
+}
+
+/// [`Blocks`] with a second output and scatter targets (see
+/// [`WorkerPool::split_blocks_scatter`]).
+pub struct ScatterBlocks<'r, 's, 'a, T, U, const P: usize> {
+    a: &'r mut Blocks<'s, 'a, T>,
+    second: Option<&'r DisjointParts<'a, T>>,
+    targets: &'r [ScatterTarget<'a, U>; P],
+}
+
+/// A block of a [`ScatterBlocks`]: its first unit, its part of the output and of the second
+/// output, and its columns of each target.
+pub type ScatterBlock<'r, 'a, T, U, const P: usize> =
+    (usize, &'a mut [T], Option<&'a mut [T]>, [Columns<'r, 'a, U>; P]);
+
+impl<'r, 'a, T, U, const P: usize> ScatterBlocks<'r, '_, 'a, T, U, P> {
+    /// See [`Blocks::is_caller`].
+    pub fn is_caller(&self) -> bool {
+        self.a.is_caller()
+    }
+
+    /// The next block, or `None` when every block is taken.
+    pub fn next_block(&mut self) -> Option<ScatterBlock<'r, 'a, T, U, P>> {
+        let (first, a) = self.a.next_block()?;
+        let units = first..first + a.len() / self.a.unit;
+        let r = first * self.a.unit..first * self.a.unit + a.len();
+        // SAFETY: as in `PairBlocks::next_block`: the block's units are this thread's alone.
+        let b = self.second.map(|b| unsafe { b.slice(r) });
+        let cols = std::array::from_fn(|i| {
+            let t = &self.targets[i];
+            Columns { parts: &t.parts, n: t.n, cols: t.columns(units.clone()) }
+        });
+        Some((first, a, b, cols))
+    }
+}
+
 impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.shared.stop.store(true, SeqCst);
@@ -730,6 +853,57 @@ mod tests {
             );
             assert!(out.iter().enumerate().all(|(j, v)| *v == j));
             assert!(scratch[0] < own.len(), "thread 0 did all of its run itself: {scratch:?}");
+        }
+    }
+
+    /// Each block gets its columns of every scatter target, and of the target its units
+    /// fall in only: writing (token, unit) into each column of each token fills both
+    /// targets exactly, and the second output gets the same units as the first.
+    #[test]
+    fn split_blocks_scatter_gives_each_block_its_columns_of_every_target() {
+        let pool = WorkerPool::new(3, false).unwrap();
+        let tokens = 3;
+        for block in [1, 7, 64] {
+            let (mut a, mut b) = (vec![0usize; 100 * 2], vec![0usize; 100 * 2]);
+            let (mut lo, mut hi) = (vec![(0, 0); tokens * 60], vec![(0, 0); tokens * 40]);
+            let mut scratch = vec![(); 3];
+            let targets = [ScatterTarget::new(&mut lo, 60, 0), ScatterTarget::new(&mut hi, 40, 60)];
+            pool.split_blocks_scatter(
+                (&mut a, Some(&mut b)),
+                2,
+                block,
+                targets,
+                &mut scratch,
+                |_| Ahead::NONE,
+                |blocks, _| {
+                    while let Some((first, ca, cb, mut cols)) = blocks.next_block() {
+                        let cb = cb.expect("a second output");
+                        assert_eq!((ca.len(), cb.len()), (cb.len(), ca.len()));
+                        ca.fill(first);
+                        cb.fill(first + 1);
+                        let units = first..first + ca.len() / 2;
+                        for (c, offset) in cols.iter_mut().zip([0, 60]) {
+                            let cs = c.cols();
+                            assert!(
+                                cs.is_empty() || (units.contains(&(cs.start + offset)) && cs.end + offset <= units.end)
+                            );
+                            for t in 0..tokens {
+                                for (j, v) in c.token(t).iter_mut().enumerate() {
+                                    *v = (t, offset + cs.start + j);
+                                }
+                            }
+                        }
+                    }
+                },
+            );
+            for (target, offset, n) in [(&lo, 0, 60), (&hi, 60, 40)] {
+                for t in 0..tokens {
+                    for c in 0..n {
+                        assert_eq!(target[t * n + c], (t, offset + c), "block {block} token {t} column {c}");
+                    }
+                }
+            }
+            assert!(a.chunks(2).zip(b.chunks(2)).all(|(x, y)| x[0] + 1 == y[0] && x == [x[0]; 2]));
         }
     }
 
