@@ -51,6 +51,8 @@ fn decode_steps_do_not_allocate() {
             (4, KvPrecision::Int4, KernelForm::Fused, Level::Aggregate),
             (1, KvPrecision::F32, KernelForm::Split, Level::Timeline),
             (2, KvPrecision::Int8, KernelForm::Split, Level::Aggregate),
+            // Eight tokens: the projections' blocks are scattered as 8 × 8 tiles.
+            (8, KvPrecision::F16, KernelForm::Fused, Level::Timeline),
         ];
         if family == KernelFamily::Tq1 {
             // Each thread builds its lookup tables into scratch made with the state (for up to

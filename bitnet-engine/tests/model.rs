@@ -153,9 +153,11 @@ fn a_batch_gives_the_tokens_of_single_runs() {
     let mut q6k_head = tiny(WeightFormat::Tq2_0);
     let (vocab, hidden) = (q6k_head.config.vocab, q6k_head.config.hidden);
     q6k_head.weights.token_embd = Q6kRows::random(vocab, hidden, 1e-4, 13).unwrap().into();
-    let prompts: Vec<Vec<u32>> = (0..5u32).map(|s| PROMPT.iter().map(|t| (t * 7 + s * 31) % 512).collect()).collect();
+    // Nine sequences: the projections' results of eight are scattered as 8 × 8 tiles, the
+    // ninth's by the plain loop.
+    let prompts: Vec<Vec<u32>> = (0..9u32).map(|s| PROMPT.iter().map(|t| (t * 7 + s * 31) % 512).collect()).collect();
     for model in [&int8_head, &q6k_head] {
-        let batched = greedy_batch(model, &mut state(model, KvPrecision::F16, 2, 5), &prompts, 12).unwrap();
+        let batched = greedy_batch(model, &mut state(model, KvPrecision::F16, 2, 9), &prompts, 12).unwrap();
         for (p, b) in prompts.iter().zip(&batched) {
             let single = greedy(model, &mut state(model, KvPrecision::F16, 2, 1), p, 12, false).unwrap();
             assert_eq!(&single.tokens, b);
