@@ -488,19 +488,36 @@ fn compute_report(spans: &Spans, model: &Model, kernel: Kernel, opts: &TraceOpti
     let Some((_, instruction)) = compute_peak::loop_of(kernel.isa()) else {
         return Ok(None);
     };
-    let peak = compute_peak::measure_int8_peak(kernel.isa(), opts.threads, 3, opts.pin).context("compute probe")?;
-    let per_thread = peak.best_gmacs / opts.threads as f64;
     let (linear, head) = (model.weights.linear_macs_per_token(), model.weights.head_macs_per_token());
     let (b, ctx, steps) = (opts.batch as u64, opts.context_length as u64, opts.tokens as u64);
-    let mut rows = compute_rows(spans, Phase::Prefill, linear * ctx * b, head * b, per_thread);
-    rows.extend(compute_rows(spans, Phase::Decode, linear * steps * b, head * steps * b, per_thread));
+    let rows_at = |per_thread: f64| {
+        let mut rows = compute_rows(spans, Phase::Prefill, linear * ctx * b, head * b, per_thread);
+        rows.extend(compute_rows(spans, Phase::Decode, linear * steps * b, head * steps * b, per_thread));
+        rows
+    };
+    // The stages cannot outrun the arithmetic: a probe below them was disturbed (on these VMs
+    // another tenant on the core's sibling halved it for seconds, and the line read 176%), so
+    // it is taken again, and the best probe kept; a peak still below is flagged.
+    let mut per_thread = 0.0f64;
+    for _ in 0..PEAK_PROBES {
+        let peak = compute_peak::measure_int8_peak(kernel.isa(), opts.threads, 5, opts.pin).context("compute probe")?;
+        per_thread = per_thread.max(peak.best_gmacs / opts.threads as f64);
+        if !rows_at(per_thread).iter().any(|r| r.pct_of_peak > 100.0) {
+            break;
+        }
+    }
+    let rows = rows_at(per_thread);
     Ok(Some(ComputeReport {
         isa: kernel.isa().name().into(),
         instruction: instruction.into(),
         peak_gmacs_per_thread: per_thread,
+        peak_below_stages: rows.iter().any(|r| r.pct_of_peak > 100.0),
         rows,
     }))
 }
+
+/// Compute probes at most, while the stages' rate is above the best of them.
+const PEAK_PROBES: usize = 3;
 
 /// Adds counter deltas into totals.
 fn add(m: &mut BTreeMap<String, CounterValue>, d: &[(&'static str, CounterValue)]) {

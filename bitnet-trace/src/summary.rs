@@ -68,6 +68,10 @@ pub struct ComputeReport {
     /// G multiply-adds per second of one thread while all the run's threads ran the probe
     /// (best pass ÷ threads).
     pub peak_gmacs_per_thread: f64,
+    /// Whether a part ran faster than the probe, even after probing again: the probe was
+    /// disturbed (another tenant, throttling), so the percentages are not of the hardware's peak.
+    #[serde(default)]
+    pub peak_below_stages: bool,
     pub rows: Vec<ComputeRow>,
 }
 
@@ -385,6 +389,14 @@ pub fn table(s: &Summary) -> String {
             c.instruction,
             parts.join(", ")
         );
+        if c.peak_below_stages {
+            let _ = writeln!(
+                o,
+                "note: the stages ran faster than every int8 peak probe: the probes were disturbed (another \
+                 tenant on the core, or throttling), so the percentages above are not of this CPU's peak; \
+                 rerun on a quiet machine"
+            );
+        }
     }
     let busy: Vec<String> = s.threads.iter().map(|t| format!("thread {} {:.0}%", t.thread, t.busy_pct)).collect();
     let _ = writeln!(o, "\nbusy (spans other than wait, of wall): {}", busy.join(", "));

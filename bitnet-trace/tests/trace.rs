@@ -123,6 +123,9 @@ fn a_traced_run_writes_every_file_and_a_consistent_summary() {
         let peak = c["peak_gmacs_per_thread"].as_f64().unwrap();
         assert!(peak > 0.0);
         let rows = c["rows"].as_array().unwrap();
+        // Flagged exactly when a part ran faster than the best probe (a disturbed probe).
+        let above = rows.iter().any(|r| r["pct_of_peak"].as_f64().unwrap() > 100.0);
+        assert_eq!(c["peak_below_stages"].as_bool(), Some(above));
         let parts: Vec<String> = rows.iter().map(|r| format!("{} {}", r["phase"], r["part"])).collect();
         assert_eq!(
             parts,
