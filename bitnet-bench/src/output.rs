@@ -207,6 +207,29 @@ fn legend(r: &Report) -> String {
     format!(
         "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
+    ) + &above_probe_note(r)
+}
+
+/// A warning where a roofline or compute fraction is above 100%: a run cannot outrun the bus
+/// or the int8 arithmetic, so the probe it is measured against read low (on a shared VM
+/// another tenant on the core or the bus while it ran), and such a figure is not of this
+/// machine. Not for the compute of `tq1` and `xnor`, whose lookup and popcount forms multiply
+/// nothing and may pass 100% (see the README).
+fn above_probe_note(r: &Report) -> String {
+    let roofline = r.results.iter().any(|x| roofline_known(x).is_some_and(|f| f > 1.0));
+    let multiplies = |x: &&BenchResult| !matches!(x.config.kernel.as_str(), "tq1" | "xnor");
+    let compute = r.results.iter().filter(multiplies).any(|x| {
+        x.decode.compute_fraction.is_some_and(|f| f > 1.0) || x.prefill.compute_fraction.is_some_and(|f| f > 1.0)
+    });
+    let what = match (roofline, compute) {
+        (false, false) => return String::new(),
+        (true, false) => "a roofline above 100%: its step probes",
+        (false, true) => "a compute fraction above 100%: the int8 peak probes",
+        (true, true) => "roofline and compute fractions above 100%: their probes",
+    };
+    format!(
+        " WARNING: {what} read below what the run did (disturbed: another tenant or throttling while they ran), \
+         so those figures are not of this machine; rerun on a quiet one."
     )
 }
 

@@ -221,6 +221,29 @@ fn the_header_names_probes_that_moved_and_missing_huge_pages() {
     assert!(h.contains("no huge pages (BITNET_HUGE_PAGES=0)"), "{h}");
 }
 
+/// A fraction above 100% cannot be the machine's: the table says its probe read low.
+#[test]
+fn fractions_above_their_probes_are_flagged_under_the_table() {
+    let mut r = sweep(None);
+    assert!(!output::table(&r).contains("WARNING"));
+    r.roofline.int8_peak_gmacs.insert("avx512/2".into(), 1.0);
+    r.refresh_compute_fractions();
+    let t = output::table(&r);
+    assert!(
+        t.contains("WARNING: a compute fraction above 100%: the int8 peak probes read below what the run did"),
+        "{t}"
+    );
+    r.results[0].decode.roofline_fraction = 1.3;
+    let t = output::markdown(&r);
+    assert!(t.contains("WARNING: roofline and compute fractions above 100%"), "{t}");
+    // Lookup and popcount kernels multiply nothing: their compute may pass 100%.
+    r.results[0].decode.roofline_fraction = 0.5;
+    for x in &mut r.results {
+        x.config.kernel = "tq1".into();
+    }
+    assert!(!output::table(&r).contains("WARNING"), "{}", output::table(&r));
+}
+
 #[test]
 fn the_header_names_the_largest_kernel_repack() {
     let mut r = sweep(None);

@@ -68,8 +68,9 @@ pub struct ComputeReport {
     /// G multiply-adds per second of one thread while all the run's threads ran the probe
     /// (best pass ÷ threads).
     pub peak_gmacs_per_thread: f64,
-    /// Whether a part ran faster than the probe, even after probing again: the probe was
-    /// disturbed (another tenant, throttling), so the percentages are not of the hardware's peak.
+    /// Whether a part that multiplies (not a lookup or popcount form) ran faster than the
+    /// probe, even after probing again: the probe was disturbed (another tenant, throttling), so
+    /// the percentages are not of the hardware's peak.
     #[serde(default)]
     pub peak_below_stages: bool,
     pub rows: Vec<ComputeRow>,
@@ -392,9 +393,9 @@ pub fn table(s: &Summary) -> String {
         if c.peak_below_stages {
             let _ = writeln!(
                 o,
-                "note: the stages ran faster than every int8 peak probe: the probes were disturbed (another \
-                 tenant on the core, or throttling), so the percentages above are not of this CPU's peak; \
-                 rerun on a quiet machine"
+                "note: stages that multiply ran faster than every int8 peak probe: the probes were disturbed \
+                 (another tenant on the core, or throttling), so the percentages above are not of this CPU's \
+                 peak; rerun on a quiet machine"
             );
         }
     }
