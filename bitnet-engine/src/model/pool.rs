@@ -384,51 +384,6 @@ impl WorkerPool {
     }
 }
 
-impl WorkerPool {
-    /// [`split_blocks`](Self::split_blocks) over two outputs of equal length at once: each
-    /// block is the same units of `a` and of `b` (e.g. the gate and up projections of the same
-    /// rows, so that the thread can combine them without another barrier).
-    pub fn split_blocks_pair<'a, T: Send, S: Send>(
-        &self,
-        (a, b): (&'a mut [T], &'a mut [T]),
-        unit: usize,
-        block_units: usize,
-        scratch: &mut [S],
-        ahead: impl Fn(usize) -> Ahead + Sync,
-        f: impl Fn(&mut PairBlocks<'_, '_, 'a, T>, &mut S) + Sync,
-    ) {
-        assert_eq!(a.len(), b.len(), "split_blocks_pair: outputs differ in length");
-        let pb = DisjointParts::new(b);
-        self.split_blocks(a, unit, block_units, scratch, ahead, |blocks, s| {
-            f(&mut PairBlocks { a: blocks, b: &pb }, s)
-        });
-    }
-}
-
-/// [`Blocks`] over two outputs (see [`WorkerPool::split_blocks_pair`]).
-pub struct PairBlocks<'r, 's, 'a, T> {
-    a: &'r mut Blocks<'s, 'a, T>,
-    b: &'r DisjointParts<'a, T>,
-}
-
-impl<'a, T> PairBlocks<'_, '_, 'a, T> {
-    /// See [`Blocks::is_caller`].
-    pub fn is_caller(&self) -> bool {
-        self.a.is_caller()
-    }
-
-    /// The next block: (first unit, its part of `a`, the same part of `b`).
-    pub fn next_block(&mut self) -> Option<(usize, &'a mut [T], &'a mut [T])> {
-        let (first, a) = self.a.next_block()?;
-        let r = first * self.a.unit..first * self.a.unit + a.len();
-        // SAFETY: the block's units of `a` are this thread's alone (see `Blocks::next_block`),
-        // so the same range of `b`, of equal length, is too; `b` stays exclusively borrowed
-        // until `split_blocks_pair` returns.
-        let b = unsafe { self.b.slice(r) };
-        Some((first, a, b))
-    }
-}
-
 /// A `[tokens, n]` output that the blocks of a [`WorkerPool::split_blocks_scatter`] write a
 /// few columns at a time: its column c is unit `offset + c` of the split, so the thread given
 /// a block writes that block's columns for every token. A matmul's `[n, tokens]` block goes
@@ -493,9 +448,10 @@ impl<T> Columns<'_, '_, T> {
 }
 
 impl WorkerPool {
-    /// [`split_blocks`](Self::split_blocks) over `out` (and over `second`, of the same length,
-    /// as [`split_blocks_pair`](Self::split_blocks_pair) does), with `P` scatter targets whose
-    /// columns each block also gets (see [`ScatterTarget`]).
+    /// [`split_blocks`](Self::split_blocks) over `out` and, where given, `second` of the same
+    /// length (each block the same units of both: e.g. the gate and up projections of the same
+    /// rows, so that the thread can combine them without another barrier), with `P` scatter
+    /// targets whose columns each block also gets (see [`ScatterTarget`]).
     #[allow(clippy::too_many_arguments)]
     pub fn split_blocks_scatter<'a, T: Send, U: Send, S: Send, const P: usize>(
         &self,
@@ -542,7 +498,9 @@ impl<'r, 'a, T, U, const P: usize> ScatterBlocks<'r, '_, 'a, T, U, P> {
         let (first, a) = self.a.next_block()?;
         let units = first..first + a.len() / self.a.unit;
         let r = first * self.a.unit..first * self.a.unit + a.len();
-        // SAFETY: as in `PairBlocks::next_block`: the block's units are this thread's alone.
+        // SAFETY: the block's units of `out` are this thread's alone (see `Blocks::next_block`),
+        // so the same range of `second`, of equal length, is too; `second` stays exclusively
+        // borrowed until `split_blocks_scatter` returns.
         let b = self.second.map(|b| unsafe { b.slice(r) });
         let cols = std::array::from_fn(|i| {
             let t = &self.targets[i];
@@ -908,18 +866,21 @@ mod tests {
     }
 
     #[test]
-    fn split_blocks_pair_gives_both_outputs_the_same_units() {
+    fn split_blocks_scatter_gives_both_outputs_the_same_units() {
         let pool = WorkerPool::new(2, false).unwrap();
         let (mut a, mut b) = (vec![0usize; 2 * 37], vec![0usize; 2 * 37]);
         let mut scratch = vec![(); 2];
-        pool.split_blocks_pair(
-            (&mut a, &mut b),
+        let no_targets: [ScatterTarget<usize>; 0] = [];
+        pool.split_blocks_scatter(
+            (&mut a, Some(&mut b)),
             2,
             5,
+            no_targets,
             &mut scratch,
             |_| Ahead::NONE,
             |blocks, _| {
-                while let Some((first, ca, cb)) = blocks.next_block() {
+                while let Some((first, ca, cb, _)) = blocks.next_block() {
+                    let cb = cb.expect("a second output");
                     assert_eq!(ca.len(), cb.len());
                     for (j, (x, y)) in ca.iter_mut().zip(cb.iter_mut()).enumerate() {
                         *x = first * 2 + j;
