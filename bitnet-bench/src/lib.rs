@@ -13,6 +13,7 @@ pub mod kernel_sweep;
 pub mod listarg;
 pub mod model_cmds;
 pub mod output;
+pub mod pipes;
 pub mod plots;
 pub mod report;
 pub mod stats;

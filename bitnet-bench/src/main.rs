@@ -112,6 +112,14 @@ enum Command {
     /// Kernel throughput on a model's matrix shapes (2B4T's unless --shapes), in cache and
     /// streaming, against the memory-bandwidth probe and the scalar oracle.
     Kernels(KernelArgs),
+    /// Instruction mixes on one core: whether lookups (vpermi2b), bf16 products or adds run
+    /// beside vpdpbusd or take its issue slots, i.e. whether any of them could lift batched
+    /// decode past the int8 peak on this CPU.
+    Pipes {
+        /// Timed passes per mix (the best counts)
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
+    },
     /// Check a report against the schema and its invariants.
     Validate { file: PathBuf },
     /// Print the report's JSON Schema; with --check FILE, fail if FILE differs from it.
@@ -291,6 +299,11 @@ fn run(cli: Cli) -> Result<()> {
         }
         Some(Command::Run(a)) => return run_model(a),
         Some(Command::Kernels(a)) => a,
+        Some(Command::Pipes { passes }) => {
+            let r = bitnet_engine::compute_peak::measure_pipe_mixes(passes).context("--passes")?;
+            print!("{}", bitnet_bench::pipes::table(&r));
+            return Ok(());
+        }
         Some(Command::Validate { file }) => {
             let r = report::load(&file)?;
             println!(

@@ -111,6 +111,24 @@ fn inspect_lists_every_tensor_with_exact_bytes() {
 }
 
 #[test]
+fn pipes_prints_each_mix_against_vpdpbusd_alone_and_refuses_zero_passes() {
+    let out = bench().args(["pipes", "--passes", "1"]).output().unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    if bitnet_engine::IsaLevel::Avx512.is_supported() {
+        let alone = stdout.lines().find(|l| l.starts_with("| vpdpbusd ")).unwrap_or_else(|| panic!("{stdout}"));
+        assert!(alone.ends_with(" 1.00 |"), "{stdout}");
+        assert!(stdout.lines().any(|l| l.starts_with("| vpdpbusd + vpaddd ")), "{stdout}");
+    } else {
+        assert!(stdout.contains("no AVX-512 VNNI"), "{stdout}");
+    }
+    let out = bench().args(["pipes", "--passes", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--passes") && stderr.contains("at least one pass"), "{stderr}");
+}
+
+#[test]
 fn run_prints_tokens_and_writes_one_logits_row_per_token() {
     let dir = std::env::temp_dir().join(format!("bitnet-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

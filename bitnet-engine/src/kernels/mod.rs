@@ -63,6 +63,8 @@ mod scalar;
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86_pipes;
 
 use std::fmt;
 use std::ops::Range;
@@ -2040,6 +2042,22 @@ pub fn sum_words(words: &[u64]) -> u64 {
         }
     }
     crate::bandwidth::sum_words_portable(words)
+}
+
+/// `rounds` rounds of the pipe probe's loop `mix` (see [`crate::compute_peak::PipeMix`]);
+/// `None` where the CPU lacks what the mix needs.
+pub(crate) fn pipe_mix(
+    mix: crate::compute_peak::PipeMix,
+    rounds: u64,
+    ops: &crate::compute_peak::MixOperands,
+) -> Option<crate::compute_peak::MixLanes> {
+    #[cfg(target_arch = "x86_64")]
+    return x86_pipes::run_mix(mix, rounds, ops);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mix, rounds, ops);
+        None
+    }
 }
 
 /// The compute probe's loop at `isa` (see [`crate::compute_peak`]): `rounds` rounds of
