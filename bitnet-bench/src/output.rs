@@ -52,7 +52,7 @@ fn row(r: &BenchResult) -> [String; 17] {
         format!("{:.2}", (tg.ci95_high - tg.ci95_low) / 2.0),
         format!("{:.2}", r.decode.latency_ms.p50),
         p99_cell(&r.decode.latency_ms),
-        roofline_known(r).map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+        roofline_cell(r),
         r.decode.compute_fraction.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
         kv_cache_known(r).map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
         r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
@@ -184,6 +184,29 @@ pub fn kv_cache_known(r: &BenchResult) -> Option<u64> {
     (r.memory.kv_cache_bytes > 0).then_some(r.memory.kv_cache_bytes)
 }
 
+/// The median of the probes a result's roofline fraction was taken against (GB/s), `None`
+/// where there were none (an imported or older report).
+pub fn step_probe_median(r: &BenchResult) -> Option<f64> {
+    let mut p: Vec<f64> = r.decode.probes_gbps.clone();
+    if p.is_empty() {
+        return None;
+    }
+    p.sort_by(f64::total_cmp);
+    let n = p.len();
+    Some(if n % 2 == 1 { p[n / 2] } else { (p[n / 2 - 1] + p[n / 2]) / 2.0 })
+}
+
+/// The roofline cell: the fraction and the median step probe it is of (`73% of 56.9`), since
+/// on a shared bus the probes move between levels and a fraction alone does not say at which
+/// the decode ran; the fraction alone where the report has no probes, "-" where unknown.
+fn roofline_cell(r: &BenchResult) -> String {
+    match (roofline_known(r), step_probe_median(r)) {
+        (Some(f), Some(g)) => format!("{:.0}% of {g:.1}", f * 100.0),
+        (Some(f), None) => format!("{:.0}%", f * 100.0),
+        (None, _) => "-".into(),
+    }
+}
+
 /// A result's roofline fraction, `None` where it is unknown (an imported llama-bench result
 /// has no bytes per step): printed as "-", not as 0%.
 pub fn roofline_known(r: &BenchResult) -> Option<f64> {
@@ -205,7 +228,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 /// this build's where an older report does not say).
 fn legend(r: &Report) -> String {
     format!(
-        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
     ) + &above_probe_note(r)
 }
@@ -260,7 +283,7 @@ fn csv_field(s: &str) -> String {
 }
 
 /// The CSV's header: machine-friendly units in the column names.
-pub const CSV_HEADER: &str = "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction";
+pub const CSV_HEADER: &str = "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction,step_probe_gbps_median";
 
 /// CSV: one row per combination ([`csv_cells`], quoted where needed), [`CSV_HEADER`] first.
 pub fn csv(r: &Report) -> String {
@@ -307,6 +330,7 @@ pub fn csv_cells(r: &Report) -> Vec<Vec<String>> {
             if x.decode.macs_per_step > 0 { x.decode.macs_per_step.to_string() } else { String::new() },
             x.decode.compute_fraction.map_or(String::new(), |f| format!("{f}")),
             x.prefill.compute_fraction.map_or(String::new(), |f| format!("{f}")),
+            step_probe_median(x).map_or(String::new(), |g| format!("{g}")),
         ];
         rows.push(fields);
     }
