@@ -95,6 +95,35 @@ fn exit_codes_and_formats() {
 }
 
 #[test]
+fn a_roofline_fraction_taken_at_another_bus_level_is_inconclusive() {
+    let d = tmp("levels");
+    // Batch-1 decode at 90% of a 33 GB/s bus, then at 73% of a 57 GB/s one (the same code:
+    // Zen 4 VMs move between those levels), then at 73% of the same 33 GB/s bus.
+    let at = |name: &str, gbps: f64, fraction: f64| {
+        edited(&d, name, move |v| {
+            for r in v["results"].as_array_mut().unwrap() {
+                let dec = &mut r["decode"];
+                dec["probes_gbps"] = serde_json::json!([gbps, gbps * 1.01, gbps * 0.99, gbps]);
+                dec["step_fractions"] = serde_json::json!([fraction, fraction, fraction, fraction]);
+                dec["pass_fractions"] = serde_json::json!([fraction, fraction * 1.005, fraction * 0.995]);
+                dec["roofline_fraction"] = fraction.into();
+            }
+        })
+    };
+    let (slow_bus, fast_bus, slower_code) =
+        (at("slow.json", 33.0, 0.90), at("fast.json", 57.0, 0.73), at("worse.json", 33.0, 0.73));
+    let metric = ["--metrics", "decode.roofline_fraction"];
+    let (code, out, err) = run(&[&slow_bus, &fast_bus, metric[0], metric[1]]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("0 regressions") && out.contains("inconclusive"), "{out}");
+    assert!(out.contains("step probes read 33.0 → 57.0 GB/s"), "{out}");
+    // At one level the same drop is a regression.
+    let (code, out, _) = run(&[&slow_bus, &slower_code, metric[0], metric[1]]);
+    assert_eq!(code, 1, "{out}");
+    assert!(!out.contains("step probes read"), "{out}");
+}
+
+#[test]
 fn added_removed_and_environment() {
     let d = tmp("env");
     let fewer = edited(&d, "fewer.json", |v| {
