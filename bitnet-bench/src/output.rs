@@ -187,13 +187,8 @@ pub fn kv_cache_known(r: &BenchResult) -> Option<u64> {
 /// The median of the probes a result's roofline fraction was taken against (GB/s), `None`
 /// where there were none (an imported or older report).
 pub fn step_probe_median(r: &BenchResult) -> Option<f64> {
-    let mut p: Vec<f64> = r.decode.probes_gbps.clone();
-    if p.is_empty() {
-        return None;
-    }
-    p.sort_by(f64::total_cmp);
-    let n = p.len();
-    Some(if n % 2 == 1 { p[n / 2] } else { (p[n / 2 - 1] + p[n / 2]) / 2.0 })
+    let p = &r.decode.probes_gbps;
+    (!p.is_empty()).then(|| crate::stats::percentile(p, 50.0))
 }
 
 /// The roofline cell: the fraction and the median step probe it is of (`73% of 56.9`), since

@@ -51,6 +51,13 @@ pub fn loop_of(isa: IsaLevel) -> Option<(u64, &'static str)> {
 /// resolution vanish, short enough that a sweep's probes cost well under a second.
 const PASS_TIME: Duration = Duration::from_millis(25);
 
+/// Rounds of a loop that make a pass of about [`PASS_TIME`], from `calibration` rounds having
+/// taken `took` (clamped, so a disturbed calibration cannot make a pass absurdly short or long).
+fn rounds_per_pass(took: Duration, calibration: u64) -> u64 {
+    let secs = took.as_secs_f64().max(1e-9);
+    ((PASS_TIME.as_secs_f64() / secs * calibration as f64) as u64).clamp(1 << 10, 1 << 32)
+}
+
 /// The operands: every byte pair different, so a lane's sum checks every product.
 fn operands() -> ([u8; 64], [i8; 64]) {
     let a = std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(11));
@@ -96,8 +103,7 @@ pub fn measure_int8_peak(isa: IsaLevel, threads: usize, passes: usize, pin: bool
     let t0 = Instant::now();
     // Also where a level this CPU lacks is refused, before any pass.
     std::hint::black_box(crate::kernels::int8_mac_chains(isa, CALIBRATION_ROUNDS, &a, &b)?);
-    let secs = t0.elapsed().as_secs_f64().max(1e-9);
-    let rounds = ((PASS_TIME.as_secs_f64() / secs * CALIBRATION_ROUNDS as f64) as u64).clamp(1 << 10, 1 << 32);
+    let rounds = rounds_per_pass(t0.elapsed(), CALIBRATION_ROUNDS);
     let macs_per_pass = macs_per_round * rounds * threads as u64;
     let pass_gmacs = (0..passes)
         .map(|_| Ok(macs_per_pass as f64 / timed_pass(&pool, isa, rounds)? / 1e9))
@@ -263,8 +269,7 @@ pub fn measure_pipe_mixes(passes: usize) -> Result<Vec<PipeMixReport>> {
         if crate::kernels::pipe_mix(mix, CALIBRATION_ROUNDS, &ops).map(std::hint::black_box).is_none() {
             continue;
         }
-        let secs = t0.elapsed().as_secs_f64().max(1e-9);
-        let rounds = ((PASS_TIME.as_secs_f64() / secs * CALIBRATION_ROUNDS as f64) as u64).clamp(1 << 10, 1 << 32);
+        let rounds = rounds_per_pass(t0.elapsed(), CALIBRATION_ROUNDS);
         let mut best = 0f64;
         for _ in 0..passes {
             let t = Instant::now();
