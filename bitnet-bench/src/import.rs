@@ -240,6 +240,8 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
                 // bitnet.cpp's I2_S is what our loader holds as `i2`: one name, so a diff
                 // of the two on one file does not warn of a format difference.
                 .map_or("unknown".into(), |t| if *t == "I2_S" { "i2".into() } else { t.to_lowercase() }),
+            ffn_activation: None,
+            ffn_activation_source: None,
         },
         settings: Settings {
             warmup: 1,

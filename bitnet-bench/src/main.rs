@@ -12,6 +12,7 @@ use bitnet_bench::kernel_sweep::{self, SweepOptions};
 use bitnet_bench::listarg::{parse_list, parse_usize_list};
 use bitnet_bench::sweep::{run_sweep, EngineRunner, Progress, SweepSpec};
 use bitnet_bench::{model_cmds, output, report};
+use bitnet_engine::model::FfnActivation;
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, WeightFormat};
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,10 @@ struct SweepArgs {
     /// or a GGUF file. Default: bitnet-b1.58-large.
     #[arg(long)]
     model: Option<String>,
+    /// FFN activation (silu, relu2), overriding the file's metadata key and its architecture's
+    /// (and a preset's own).
+    #[arg(long = "ffn-activation")]
+    ffn_activation: Option<FfnActivation>,
     /// Format of a preset's synthetic linear weights (default: the first --kernels' own, else i2).
     #[arg(long)]
     format: Option<WeightFormat>,
@@ -165,6 +170,11 @@ struct InspectArgs {
     /// Format of a preset's linear layers (i2, tq2_0, tq1_0, bitplanes).
     #[arg(long, default_value = "i2")]
     format: WeightFormat,
+    /// FFN activation (silu, relu2), overriding the file's metadata key and its architecture's
+    /// (and a preset's own).
+    #[arg(long = "ffn-activation")]
+    ffn_activation: Option<FfnActivation>,
+
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -175,6 +185,10 @@ struct RunCmd {
     /// A GGUF file, or a preset with synthetic weights (see `inspect`).
     #[arg(long)]
     model: String,
+    /// FFN activation (silu, relu2), overriding the file's metadata key and its architecture's
+    /// (and a preset's own).
+    #[arg(long = "ffn-activation")]
+    ffn_activation: Option<FfnActivation>,
     /// Token ids to feed, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',', required = true)]
     tokens: Vec<u32>,
@@ -219,11 +233,14 @@ struct RunCmd {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     sample_seed: u64,
-    /// Save the model as a GGUF file llama.cpp loads (architecture bitnet), to run the very same
-    /// weights with llama-bench.
+    /// Save the model as a GGUF file, to run the very same weights with llama.cpp or bitnet.cpp:
+    /// TQ formats under `bitnet` (SiLU models; llama.cpp runs them) or `bitnet-25` (ReLU²
+    /// models, which llama.cpp's SiLU-only `bitnet` graph would run as another function), i2 as
+    /// I2_S under `bitnet-b1.58`, the official 2B4T layout.
     #[arg(long)]
     save_gguf: Option<std::path::PathBuf>,
-    /// Linear-layer format of --save-gguf (tq2_0 or tq1_0); default: the model's, else tq2_0.
+    /// Linear-layer format of --save-gguf (tq2_0, tq1_0, or i2 for I2_S); default: the
+    /// model's TQ format, else tq2_0.
     #[arg(long)]
     save_format: Option<WeightFormat>,
     /// Decode this many sequences in lock-step (each fed --tokens); prints the first one's
@@ -289,7 +306,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let args = match cli.command {
         Some(Command::Inspect(a)) => {
-            let v = model_cmds::inspect(&a.model, a.format)?;
+            let v = model_cmds::inspect(&a.model, a.format, a.ffn_activation)?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -464,6 +481,7 @@ fn run_model(a: RunCmd) -> Result<()> {
     }
     let out = model_cmds::run(&model_cmds::RunArgs {
         model: a.model,
+        ffn_activation: a.ffn_activation,
         format,
         seed: a.seed,
         tokens: a.tokens.clone(),
@@ -541,6 +559,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     if let Some(m) = a.model {
         spec.model = m;
     }
+    spec.ffn_activation = a.ffn_activation;
     spec.format = a.format;
     if !a.batch_sizes.is_empty() {
         spec.batch_sizes = parse_usize_list("--batch-sizes", &a.batch_sizes)?;

@@ -6,7 +6,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use bitnet_engine::gguf::load::config_from_gguf;
 use bitnet_engine::gguf::GgufFile;
-use bitnet_engine::model::{bytes_read_per_token, prefill, tensor_layout, Sampler, SamplingParams, TensorInfo};
+use bitnet_engine::model::{
+    bytes_read_per_token, prefill, tensor_layout, FfnActivation, Sampler, SamplingParams, TensorInfo,
+};
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use serde_json::json;
 
@@ -17,14 +19,22 @@ pub fn resolve(model: &str) -> Result<ModelSource> {
     ModelSource::parse(model).with_context(|| format!("--model {model}"))
 }
 
-/// The model, and a description of where it came from.
-pub fn load(model: &str, format: WeightFormat, seed: u64, threads: usize) -> Result<(Model, String)> {
-    resolve(model)?.load(format, seed, threads).with_context(|| format!("--model {model} (--format {format})"))
+/// The model, and a description of where it came from; `activation` overrides its FFN gating.
+pub fn load(
+    model: &str,
+    format: WeightFormat,
+    seed: u64,
+    threads: usize,
+    activation: Option<FfnActivation>,
+) -> Result<(Model, String)> {
+    resolve(model)?
+        .load(format, seed, threads, activation)
+        .with_context(|| format!("--model {model} (--format {format})"))
 }
 
 /// What `inspect` reports, as JSON.
-pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
-    let (cfg, source, arch, tensors) = match resolve(model)? {
+pub fn inspect(model: &str, format: WeightFormat, activation: Option<FfnActivation>) -> Result<serde_json::Value> {
+    let (mut cfg, source, arch, tensors) = match resolve(model)? {
         ModelSource::Preset(cfg) => {
             let layout = tensor_layout(&cfg, format).with_context(|| format!("--format {format}"))?;
             (cfg, format!("preset (synthetic {format} weights)"), "bitnet".to_string(), layout)
@@ -50,6 +60,9 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
             (cfg, format!("GGUF file {}", path.display()), arch, t)
         }
     };
+    if let Some(a) = activation {
+        cfg.override_activation(a);
+    }
     let total: usize = tensors.iter().map(|t| t.bytes).sum();
     let linear_params = cfg.linear_params();
     let is_linear = |name: &str| {
@@ -67,7 +80,8 @@ pub fn inspect(model: &str, format: WeightFormat) -> Result<serde_json::Value> {
             "hidden": cfg.hidden, "ffn": cfg.ffn, "layers": cfg.layers, "heads": cfg.heads,
             "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim(), "vocab": cfg.vocab,
             "max_context": cfg.max_context, "rope_theta": cfg.rope_theta, "norm_eps": cfg.norm_eps,
-            "ffn_activation": cfg.activation.name(), "sub_norms": cfg.sub_norms,
+            "ffn_activation": cfg.activation.name(),
+            "ffn_activation_source": cfg.activation_source.to_string(), "sub_norms": cfg.sub_norms,
             "tied_embeddings": cfg.tied_embeddings,
         },
         "tensors": tensors.iter().map(|t| json!({"name": t.name, "shape": t.shape, "type": t.dtype, "bytes": t.bytes})).collect::<Vec<_>>(),
@@ -92,9 +106,10 @@ pub fn inspect_table(v: &serde_json::Value) -> String {
     );
     let _ = writeln!(
         s,
-        "hidden {}, ffn {}, {} layers, {} heads ({} kv, head dim {}), vocab {}, context {}, rope θ {}, {} FFN, sub-norms {}, tied embeddings {}",
+        "hidden {}, ffn {}, {} layers, {} heads ({} kv, head dim {}), vocab {}, context {}, rope θ {}, {} FFN ({}), sub-norms {}, tied embeddings {}",
         h["hidden"], h["ffn"], h["layers"], h["heads"], h["kv_heads"], h["head_dim"], h["vocab"], h["max_context"],
-        h["rope_theta"], h["ffn_activation"].as_str().unwrap_or(""), h["sub_norms"], h["tied_embeddings"]
+        h["rope_theta"], h["ffn_activation"].as_str().unwrap_or(""), h["ffn_activation_source"].as_str().unwrap_or(""),
+        h["sub_norms"], h["tied_embeddings"]
     );
     let _ = writeln!(s, "{:<28} {:>16} {:>10} {:>14}", "tensor", "shape", "type", "bytes");
     for t in v["tensors"].as_array().into_iter().flatten() {
@@ -123,6 +138,8 @@ pub fn inspect_table(v: &serde_json::Value) -> String {
 /// Options of `run`.
 pub struct RunArgs {
     pub model: String,
+    /// Overrides the model's FFN gating (`--ffn-activation`).
+    pub ffn_activation: Option<FfnActivation>,
     pub format: WeightFormat,
     pub seed: u64,
     pub tokens: Vec<u32>,
@@ -158,7 +175,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         bitnet_engine::model::pool::check_pinnable(a.threads)
             .map_err(|e| anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", a.threads))?;
     }
-    let (model, _source) = load(&a.model, a.format, a.seed, a.threads)?;
+    let (model, _source) = load(&a.model, a.format, a.seed, a.threads, a.ffn_activation)?;
     let cfg = model.config.clone();
     if a.tokens.is_empty() {
         bail!("--tokens: give at least one token id");

@@ -63,9 +63,14 @@ fn row(r: &BenchResult) -> [String; 17] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}{}){}; {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}{}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}{}){}; {} warm-up + {} runs × {} new tokens{}{}",
         r.model.name,
         r.model.weight_format,
+        match (&r.model.ffn_activation, &r.model.ffn_activation_source) {
+            (Some(a), Some(src)) => format!(", {a} FFN ({src})"),
+            (Some(a), None) => format!(", {a} FFN"),
+            _ => String::new(),
+        },
         r.model.weight_bytes as f64 / 1048576.0,
         match r.results.iter().filter_map(|x| x.memory.repack_bytes).max() {
             Some(b) if b > 0 => format!(" + up to {:.0} MiB held by kernel repacks", b as f64 / 1048576.0),

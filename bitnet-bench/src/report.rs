@@ -65,6 +65,12 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     /// Format of the linear layers (i2, tq2_0, tq1_0, bitplanes).
     pub weight_format: String,
+    /// The FFN gating that ran (`silu` or `relu2`); absent in imported reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ffn_activation: Option<String>,
+    /// Which rule chose it: `metadata key K`, `architecture A`, `--ffn-activation` or `preset`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ffn_activation_source: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

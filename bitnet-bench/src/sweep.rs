@@ -14,7 +14,7 @@ use bitnet_engine::formats::tq1_lut::lut_table_bytes;
 use bitnet_engine::formats::tq1_perm::perm_table_bytes;
 use bitnet_engine::instrument::{Level, Phase};
 use bitnet_engine::kernels::LUT_MAX_BATCH;
-use bitnet_engine::model::{argmax, kv_quality, prefill, ModelSource};
+use bitnet_engine::model::{argmax, kv_quality, prefill, FfnActivation, ModelSource};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 
 use crate::report::{
@@ -28,6 +28,8 @@ use crate::system::{available_memory, fingerprint, peak_rss};
 #[derive(Debug, Clone)]
 pub struct SweepSpec {
     pub model: String,
+    /// Overrides the FFN activation the file or preset gives (`--ffn-activation`).
+    pub ffn_activation: Option<FfnActivation>,
     /// Synthetic weight format of a preset (default: the first kernel's native format).
     pub format: Option<WeightFormat>,
     pub batch_sizes: Vec<usize>,
@@ -61,6 +63,7 @@ impl Default for SweepSpec {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         Self {
             model: "bitnet-b1.58-large".into(),
+            ffn_activation: None,
             format: None,
             batch_sizes: vec![1, 4],
             context_lengths: vec![32, 128],
@@ -512,6 +515,8 @@ pub struct EngineRunner {
     kernels: Vec<KernelFamily>,
     gen_threads: usize,
     seed: u64,
+    /// `--ffn-activation`, kept for models regenerated in another kernel's format.
+    ffn_activation: Option<FfnActivation>,
     pin: bool,
     probe_bytes: usize,
     state: Option<(Combo, State)>,
@@ -533,7 +538,7 @@ impl EngineRunner {
         let format = spec.format.or(spec.kernels.first().map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
         let gen_threads = spec.threads.iter().copied().max().unwrap_or(1);
         let gguf = matches!(source, ModelSource::Gguf(_));
-        let (model, desc) = source.load(format, spec.seed, gen_threads).with_context(|| {
+        let (model, desc) = source.load(format, spec.seed, gen_threads, spec.ffn_activation).with_context(|| {
             if gguf {
                 format!("--model {}", spec.model)
             } else {
@@ -572,6 +577,7 @@ impl EngineRunner {
             kernels,
             gen_threads,
             seed: spec.seed,
+            ffn_activation: spec.ffn_activation,
             pin: spec.pin,
             probe_bytes: spec.probe_bytes,
             state: None,
@@ -673,6 +679,8 @@ impl Runner for EngineRunner {
             params: params(&self.model),
             weight_bytes: bytes as u64,
             weight_format: self.formats.clone(),
+            ffn_activation: Some(self.model.config.activation.name().into()),
+            ffn_activation_source: Some(self.model.config.activation_source.to_string()),
         }
     }
 
@@ -721,7 +729,7 @@ impl Runner for EngineRunner {
         self.after_prompt = None;
         let want = self.format.unwrap_or(combo.kernel.family().native_format());
         if self.model.weights.layers[0].wq.format() != want {
-            let (model, desc) = self.model_source.load(want, self.seed, self.gen_threads)?;
+            let (model, desc) = self.model_source.load(want, self.seed, self.gen_threads, self.ffn_activation)?;
             self.model = model;
             self.source = desc;
         }

@@ -187,7 +187,8 @@ fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
         (vec!["run", "--model", "tiny", "--tokens", "1", "--n-predict", "400"], "context"),
         (vec!["run", "--model", "tiny", "--tokens", "1", "--kernel", "tq2", "--format", "i2"], "--kernel"),
         (vec!["run", "--model", "tiny", "--tokens", "1", "--logits-out", "/nonexistent-dir/x.json"], "--logits-out"),
-        (vec!["run", "--model", "tiny", "--tokens", "1", "--save-gguf", f, "--save-format", "i2"], "TQ2_0"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--save-gguf", f, "--save-format", "bitplanes"], "I2_S"),
+        (vec!["run", "--model", "tiny", "--tokens", "1", "--ffn-activation", "gelu"], "--ffn-activation"),
         (vec!["inspect", "bitnet-b1.58-3b", "--format", "tq2_0"], "3200"),
         (vec!["run", "--model", "tiny", "--tokens", "1", "--pin", "--threads", "4097"], "--pin with --threads 4097"),
     ] {
@@ -278,13 +279,33 @@ fn save_gguf_writes_a_file_that_runs_the_same() {
         String::from_utf8(out.stdout).unwrap()
     };
     let direct = run("tiny", &["--save-gguf", file.to_str().unwrap()]);
-    let inspected = bench().args(["inspect", file.to_str().unwrap(), "--json"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
-    assert_eq!(v["architecture"], "bitnet");
+    let inspect = |extra: &[&str]| {
+        let out = bench().args(["inspect", file.to_str().unwrap(), "--json"]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // tiny is ReLU²-gated: written under bitnet-25, which llama.cpp refuses rather than run
+    // with its SiLU-only `bitnet` graph; the activation is recorded under llama.cpp's key.
+    let v = inspect(&[]);
+    assert_eq!(v["architecture"], "bitnet-25");
+    assert_eq!(v["hyperparameters"]["ffn_activation"], "relu2");
+    assert_eq!(v["hyperparameters"]["ffn_activation_source"], "metadata key bitnet-25.hidden_activation");
     assert!(v["tensors"].as_array().unwrap().iter().any(|t| t["type"] == "TQ2_0"));
+    let v = inspect(&["--ffn-activation", "silu"]);
+    assert_eq!(v["hyperparameters"]["ffn_activation"], "silu");
+    assert_eq!(v["hyperparameters"]["ffn_activation_source"], "--ffn-activation");
     // Loaded back: the same ternary weights; only the embedding went through f16, so the
     // greedy tokens of a short run agree.
     assert_eq!(run(file.to_str().unwrap(), &[]), direct);
+    // The activation matters: the same file run with SiLU writes other tokens.
+    assert_ne!(run(file.to_str().unwrap(), &["--ffn-activation", "silu"]), direct);
+    // A SiLU model is written under llama.cpp's `bitnet`.
+    run("tiny", &["--ffn-activation", "silu", "--save-gguf", file.to_str().unwrap()]);
+    let v = inspect(&[]);
+    assert_eq!(
+        (v["architecture"].as_str(), v["hyperparameters"]["ffn_activation"].as_str()),
+        (Some("bitnet"), Some("silu"))
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

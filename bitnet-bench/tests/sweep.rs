@@ -30,6 +30,8 @@ impl Runner for FakeRunner<'_> {
             params: 1000,
             weight_bytes: 1 << 20,
             weight_format: "i2".into(),
+            ffn_activation: Some("relu2".into()),
+            ffn_activation_source: Some("preset".into()),
         }
     }
     fn max_context(&self) -> usize {

@@ -205,8 +205,10 @@ fn saved_models_load_back_with_the_same_weights() {
             assert!(cos > 0.99, "{format}: cosine {cos}");
         }
     }
-    let e = bitnet_engine::gguf::save_model(&original, WeightFormat::I2, &dir.join("x.gguf")).unwrap_err().to_string();
-    assert!(e.contains("TQ2_0"), "{e}");
+    let e = bitnet_engine::gguf::save_model(&original, WeightFormat::BitPlanes, &dir.join("x.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("TQ2_0") && e.contains("I2_S"), "{e}");
     assert!(!dir.join("x.gguf").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -319,4 +321,230 @@ fn fuzz_regressions_are_errors() {
         n += 1;
     }
     eprintln!("{n} fuzz regression inputs replayed");
+}
+
+/// Every tensor of a parsed file as a `RawTensor`, to write it back changed.
+fn raw_tensors(f: &GgufFile<'_>) -> Vec<bitnet_engine::gguf::writer::RawTensor> {
+    f.tensors
+        .iter()
+        .map(|t| bitnet_engine::gguf::writer::RawTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ggml_type,
+            data: f.data(t).to_vec(),
+        })
+        .collect()
+}
+
+/// A scratch directory removed when the test ends, pass or fail.
+struct TmpDir(std::path::PathBuf);
+impl TmpDir {
+    fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("bitnet-gguf-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TmpDir(d)
+    }
+}
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `path` rewritten with `edit` applied to its metadata (tensors unchanged), as `out`.
+fn with_metadata(
+    path: &std::path::Path,
+    out: &std::path::Path,
+    edit: impl FnOnce(&mut Vec<(String, bitnet_engine::gguf::Value)>),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let mut meta = f.metadata.clone();
+    edit(&mut meta);
+    bitnet_engine::gguf::writer::write_raw(out, &meta, &raw_tensors(&f)).unwrap();
+}
+
+/// Renames architecture `from` to `to` in the metadata: `general.architecture` and every
+/// `from.*` key.
+fn rename_arch(meta: &mut [(String, bitnet_engine::gguf::Value)], from: &str, to: &str) {
+    for (k, v) in meta.iter_mut() {
+        if k == "general.architecture" {
+            *v = bitnet_engine::gguf::Value::String(to.into());
+        } else if let Some(rest) = k.strip_prefix(&format!("{from}.")) {
+            *k = format!("{to}.{rest}");
+        }
+    }
+}
+
+#[test]
+fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
+    use bitnet_engine::gguf::Value;
+    use bitnet_engine::model::{ActivationSource, ModelSource};
+    let dir = TmpDir::new("activation");
+    // tiny is ReLU²-gated: saved as TQ2_0 it is written under bitnet-25 (llama.cpp's `bitnet`
+    // graph would run it with SiLU), with the activation under the key llama.cpp defines.
+    let relu = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 3, 2).unwrap();
+    assert_eq!(relu.config.activation, FfnActivation::ReluSquared);
+    let saved = dir.0.join("relu.gguf");
+    bitnet_engine::gguf::save_model(&relu, WeightFormat::Tq2_0, &saved).unwrap();
+    let bytes = std::fs::read(&saved).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(f.get("general.architecture").unwrap().as_str(), Some("bitnet-25"));
+    assert_eq!(f.get("bitnet-25.hidden_activation").unwrap().as_str(), Some("relu2"));
+    let m = load_model(&saved).unwrap();
+    assert_eq!(m.config.activation, FfnActivation::ReluSquared);
+    assert_eq!(m.config.activation_source, ActivationSource::MetadataKey("bitnet-25.hidden_activation".into()));
+    // A SiLU model goes under llama.cpp's `bitnet`.
+    let mut silu = relu.clone();
+    silu.config.activation = FfnActivation::Silu;
+    let saved_silu = dir.0.join("silu.gguf");
+    bitnet_engine::gguf::save_model(&silu, WeightFormat::Tq1_0, &saved_silu).unwrap();
+    let bytes = std::fs::read(&saved_silu).unwrap();
+    assert_eq!(GgufFile::parse(&bytes).unwrap().get("general.architecture").unwrap().as_str(), Some("bitnet"));
+    assert_eq!(load_model(&saved_silu).unwrap().config.activation, FfnActivation::Silu);
+
+    // Without a key, the architecture decides, as llama.cpp's table does.
+    for (arch, want) in [
+        ("bitnet", FfnActivation::Silu),
+        ("bitnet-b1.58", FfnActivation::ReluSquared),
+        ("bitnet-25", FfnActivation::ReluSquared),
+    ] {
+        let out = dir.0.join(format!("{arch}.gguf"));
+        with_metadata(&saved, &out, |meta| {
+            meta.retain(|(k, _)| !k.ends_with(".hidden_activation"));
+            rename_arch(meta, "bitnet-25", arch);
+        });
+        let m = load_model(&out).unwrap();
+        assert_eq!(m.config.activation, want, "{arch}");
+        assert_eq!(m.config.activation_source, ActivationSource::Architecture(arch.into()), "{arch}");
+        assert_eq!(m.config.activation_source.to_string(), format!("architecture {arch}"));
+        // --ffn-activation overrides both, and says so.
+        let other = if want == FfnActivation::Silu { FfnActivation::ReluSquared } else { FfnActivation::Silu };
+        let src = ModelSource::parse(out.to_str().unwrap()).unwrap();
+        let (m, _) = src.load(WeightFormat::I2, 0, 1, Some(other)).unwrap();
+        assert_eq!((m.config.activation, m.config.activation_source), (other, ActivationSource::Flag));
+    }
+    // A key naming the activation wins over the architecture: llama.cpp's SiLU names
+    // under `bitnet-b1.58` give SiLU; files written before that key still load by the old one.
+    for (key, value, want) in [
+        ("bitnet-b1.58.hidden_activation", "swiglu", FfnActivation::Silu),
+        ("bitnet-b1.58.hidden_activation", "silu", FfnActivation::Silu),
+        ("bitnet_perf.ffn_activation", "silu", FfnActivation::Silu),
+    ] {
+        let out = dir.0.join("key.gguf");
+        with_metadata(&saved, &out, |meta| {
+            meta.retain(|(k, _)| !k.ends_with(".hidden_activation"));
+            rename_arch(meta, "bitnet-25", "bitnet-b1.58");
+            meta.push((key.into(), Value::String(value.into())));
+        });
+        let m = load_model(&out).unwrap();
+        assert_eq!(m.config.activation, want, "{key} = {value}");
+        assert_eq!(m.config.activation_source, ActivationSource::MetadataKey(key.into()));
+    }
+    // An activation this engine cannot run is refused by key and value.
+    let out = dir.0.join("gelu.gguf");
+    with_metadata(&saved, &out, |meta| {
+        for (k, v) in meta.iter_mut() {
+            if k == "bitnet-25.hidden_activation" {
+                *v = Value::String("gelu".into());
+            }
+        }
+    });
+    let e = load_model(&out).unwrap_err().to_string();
+    assert!(e.contains("bitnet-25.hidden_activation") && e.contains("gelu") && e.contains("relu2"), "{e}");
+    // A preset says where its activation comes from too.
+    let (p, _) = ModelSource::parse("tiny").unwrap().load(WeightFormat::I2, 1, 1, None).unwrap();
+    assert_eq!(p.config.activation_source, ActivationSource::Preset);
+}
+
+/// The official 2B4T layout: `bitnet-b1.58`, I2_S linear weights, F16 tied embedding, F32
+/// norms and sub-norms, hyperparameters under `bitnet-b1.58.*`; written by `save_model` in
+/// format i2 and read back as the ReLU²-gated graph with the same ternary values.
+#[test]
+fn i2_s_files_in_the_official_layout_load_as_the_2b4t_graph() {
+    let dir = TmpDir::new("i2s");
+    let model = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 6, 2).unwrap();
+    let path = dir.0.join("official.gguf");
+    bitnet_engine::gguf::save_model(&model, WeightFormat::I2, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(f.get("general.architecture").unwrap().as_str(), Some("bitnet-b1.58"));
+    assert_eq!(f.get("bitnet-b1.58.block_count").unwrap().as_u64(), Some(2));
+    assert_eq!(f.tensor("token_embd.weight").unwrap().ggml_type.name(), "F16");
+    assert!(f.tensor("output.weight").is_none(), "tied head");
+    assert_eq!(f.tensor("blk.0.ffn_sub_norm.weight").unwrap().ggml_type.name(), "F32");
+    let q = f.tensor("blk.1.attn_q.weight").unwrap();
+    assert_eq!((q.ggml_type.name(), q.size), ("I2_S", 256 * 256 / 4 + 32));
+    // Without the activation key, the architecture alone makes it ReLU²-gated.
+    let bare = dir.0.join("bare.gguf");
+    with_metadata(&path, &bare, |meta| meta.retain(|(k, _)| !k.ends_with(".hidden_activation")));
+    let loaded = load_model(&bare).unwrap();
+    assert_eq!((loaded.config.activation, loaded.config.tied_embeddings), (FfnActivation::ReluSquared, true));
+    for (a, b) in model.weights.layers.iter().zip(&loaded.weights.layers) {
+        for (x, y) in a.linears().iter().zip(b.linears()) {
+            let (x, y) = (x.unpack(), y.unpack());
+            assert_eq!((x.values, x.scale), (y.values, y.scale));
+        }
+    }
+}
+
+#[test]
+fn duplicate_tensor_names_and_keys_are_refused_by_name() {
+    let dir = TmpDir::new("dup");
+    let bytes = read("tiny-bitnet.gguf");
+    let f = GgufFile::parse(&bytes).unwrap();
+    let mut tensors = raw_tensors(&f);
+    let copy = tensors.iter().position(|t| t.name == "blk.1.ffn_norm.weight").unwrap();
+    let mut dup = tensors.remove(copy);
+    dup.name = "blk.0.ffn_norm.weight".into();
+    tensors.push(dup);
+    let path = dir.0.join("dup.gguf");
+    bitnet_engine::gguf::writer::write_raw(&path, &f.metadata, &tensors).unwrap();
+    let e = load_model(&path).unwrap_err().to_string();
+    assert!(e.contains("blk.0.ffn_norm.weight") && e.contains("more than once") && e.contains("dup.gguf"), "{e}");
+    let mut meta = f.metadata.clone();
+    meta.push(("bitnet.block_count".into(), bitnet_engine::gguf::Value::U32(2)));
+    bitnet_engine::gguf::writer::write_raw(&path, &meta, &raw_tensors(&f)).unwrap();
+    let e = load_model(&path).unwrap_err().to_string();
+    assert!(e.contains("'bitnet.block_count'") && e.contains("more than once"), "{e}");
+}
+
+/// bitnet.cpp's multi-threaded I2_S quantization: each chunk of 16384 weights (whole rows) is
+/// written with its own 32-byte scale, so the tensor spans `n/4 + 32 × chunks` bytes. Such a
+/// file is refused by tensor, with the way to requantize; a healthy one of the same shapes
+/// loads.
+#[test]
+fn i2_s_tensors_damaged_by_multithreaded_quantization_are_named() {
+    let dir = TmpDir::new("damaged");
+    let model = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 6, 2).unwrap();
+    let path = dir.0.join("healthy.gguf");
+    bitnet_engine::gguf::save_model(&model, WeightFormat::I2, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    for victim in ["blk.0.ffn_up.weight", "blk.1.ffn_down.weight"] {
+        let mut tensors = raw_tensors(&f);
+        let t = tensors.iter_mut().find(|t| t.name == victim).unwrap();
+        let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        let rows_per_chunk = 16384usize.div_ceil(cols);
+        let chunks = rows.div_ceil(rows_per_chunk);
+        assert!(chunks >= 2);
+        // What the quantizer leaves: every chunk's codes and scale, back to back.
+        let mut data = Vec::new();
+        for c in 0..chunks {
+            let n = (rows - c * rows_per_chunk).min(rows_per_chunk) * cols;
+            data.extend(std::iter::repeat_n(0x55u8, n / 4));
+            data.extend(0.5f32.to_le_bytes());
+            data.extend([0u8; 28]);
+        }
+        t.data = data;
+        let out = dir.0.join("damaged.gguf");
+        bitnet_engine::gguf::writer::write_raw(&out, &f.metadata, &tensors).unwrap();
+        let e = load_model(&out).unwrap_err().to_string();
+        assert!(
+            e.contains(victim) && e.contains("damaged") && e.contains("more than one thread") && e.contains("I2_S 1"),
+            "{victim}: {e}"
+        );
+        assert!(e.contains(&format!("{chunks} chunks")), "{e}");
+    }
+    load_model(&path).unwrap();
 }

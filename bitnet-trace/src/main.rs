@@ -102,6 +102,10 @@ struct RunArgs {
     /// or a GGUF file.
     #[arg(long, default_value = "bitnet-b1.58-2b-4t")]
     model: String,
+    /// FFN activation (silu, relu2), overriding the file's metadata key and its architecture's
+    /// (and a preset's own).
+    #[arg(long = "ffn-activation")]
+    ffn_activation: Option<bitnet_engine::model::FfnActivation>,
     /// Weight format of a preset's synthetic weights (default: the --kernel's own format, else
     /// i2).
     #[arg(long)]
@@ -233,6 +237,7 @@ fn run_options(a: RunArgs) -> TraceOptions {
     TraceOptions {
         model: a.model,
         format: a.format,
+        ffn_activation: a.ffn_activation,
         batch: a.batch,
         context_length: a.context_length,
         kv: a.kv,

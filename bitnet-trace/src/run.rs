@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use bitnet_engine::compute_peak;
 use bitnet_engine::instrument::{clock, Level, Phase, Stage};
-use bitnet_engine::model::{argmax, prefill, ModelSource};
+use bitnet_engine::model::{argmax, prefill, FfnActivation, ModelSource};
 use bitnet_engine::{
     IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat,
 };
@@ -30,6 +30,8 @@ pub struct TraceOptions {
     pub model: String,
     /// Weight format of a preset's synthetic weights (default: the kernel family's).
     pub format: Option<WeightFormat>,
+    /// Overrides the model's FFN gating (`--ffn-activation`).
+    pub ffn_activation: Option<FfnActivation>,
     pub batch: usize,
     pub context_length: usize,
     pub kv: KvPrecision,
@@ -57,6 +59,7 @@ impl Default for TraceOptions {
         Self {
             model: "bitnet-b1.58-2b-4t".into(),
             format: None,
+            ffn_activation: None,
             batch: 1,
             context_length: 128,
             kv: KvPrecision::F16,
@@ -195,8 +198,9 @@ pub(crate) fn prompt(seed: u64, s: usize, len: usize, vocab: usize) -> Vec<u32> 
 pub(crate) fn load_model(opts: &TraceOptions) -> Result<(Model, String, Kernel)> {
     let source = ModelSource::parse(&opts.model).with_context(|| format!("--model {}", opts.model))?;
     let format = opts.format.or(opts.kernel.map(|k| k.native_format())).unwrap_or(WeightFormat::I2);
-    let (model, desc) =
-        source.load(format, opts.seed, opts.threads).with_context(|| format!("--model {}", opts.model))?;
+    let (model, desc) = source
+        .load(format, opts.seed, opts.threads, opts.ffn_activation)
+        .with_context(|| format!("--model {}", opts.model))?;
     let loaded = model.weights.layers[0].wq.format();
     if let (ModelSource::Gguf(_), Some(f)) = (&source, opts.format) {
         if f != loaded {
@@ -440,6 +444,8 @@ pub fn run_trace(opts: &TraceOptions, out: &Path) -> Result<TraceOutcome> {
             model: model.config.name.clone(),
             source: source_desc,
             weight_format: model.weights.layers[0].wq.format().name().into(),
+            ffn_activation: model.config.activation.name().into(),
+            ffn_activation_source: model.config.activation_source.to_string(),
             kernel: kernel.family().name().into(),
             isa: kernel.isa().name().into(),
             form: kernel.form().name().into(),

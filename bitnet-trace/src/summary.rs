@@ -145,6 +145,11 @@ pub struct RunInfo {
     pub model: String,
     pub source: String,
     pub weight_format: String,
+    /// The FFN gating that ran (`silu`, `relu2`) and which rule chose it.
+    #[serde(default)]
+    pub ffn_activation: String,
+    #[serde(default)]
+    pub ffn_activation_source: String,
     pub kernel: String,
     pub isa: String,
     pub form: String,
@@ -326,9 +331,11 @@ pub fn table(s: &Summary) -> String {
     let r = &s.run;
     let _ = writeln!(
         o,
-        "bitnet-trace: {} ({}), kernel {}/{}/{}, {} threads, batch {}, context {}, {} decode steps, KV {}, spans {}",
+        "bitnet-trace: {} ({}, {} FFN from {}), kernel {}/{}/{}, {} threads, batch {}, context {}, {} decode steps, KV {}, spans {}",
         r.model,
         r.weight_format,
+        r.ffn_activation,
+        r.ffn_activation_source,
         r.kernel,
         r.isa,
         r.form,

@@ -31,7 +31,7 @@ fn folded_stack_structure_matches_the_golden_file() {
         return;
     }
     let src = ModelSource::parse("tiny").unwrap();
-    let (model, _) = src.load(WeightFormat::I2, 42, 2).unwrap();
+    let (model, _) = src.load(WeightFormat::I2, 42, 2, None).unwrap();
     let run = |form, threads| {
         let mut so = StateOptions::new(1, 32, KvPrecision::F16, threads);
         so.kernel = Some(

@@ -1,18 +1,48 @@
-//! A [`Model`] from a GGUF file of llama.cpp's `bitnet` architecture or bitnet.cpp's
-//! `bitnet-25` (2B4T).
+//! A [`Model`] from a GGUF file of llama.cpp's `bitnet` architecture, or bitnet.cpp's
+//! `bitnet-b1.58` / `bitnet-25` (the official 2B4T files).
 
 use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, I2Matrix, Int8Rows, PackedWeights, Q6kRows, Tq1Matrix, Tq2Matrix};
 use crate::gguf::reader::{GgufFile, TensorDesc};
 use crate::gguf::types::{decode_f32, decode_i2s, GgmlType};
-use crate::model::config::{FfnActivation, ModelConfig};
+use crate::model::config::{ActivationSource, FfnActivation, ModelConfig};
 use crate::model::forward::Model;
 use crate::model::weights::{LayerWeights, Weights};
 use crate::ternary::TernaryMatrix;
 
-/// Architectures this loader knows, with their FFN activation.
-const ARCHITECTURES: [(&str, FfnActivation); 3] =
-    [("bitnet", FfnActivation::Silu), ("bitnet-b1.58", FfnActivation::Silu), ("bitnet-25", FfnActivation::ReluSquared)];
+/// Architectures this loader knows, with the FFN activation each implies when no metadata key
+/// names one. `bitnet` is SiLU-gated because llama.cpp's graph for it is, unconditionally
+/// (`LLM_FFN_SILU` in `src/models/bitnet.cpp`; its converter records no activation): that is right
+/// for the 1bitLLM models and wrong for a 2B4T converted from Hugging Face, which also lands
+/// there. `bitnet-b1.58` and `bitnet-25` are the names of the official 2B4T files, whose
+/// config says `hidden_act: relu2` (bitnet.cpp runs `bitnet-b1.58` with SiLU, a known bug).
+pub const ARCHITECTURES: [(&str, FfnActivation); 3] = [
+    ("bitnet", FfnActivation::Silu),
+    ("bitnet-b1.58", FfnActivation::ReluSquared),
+    ("bitnet-25", FfnActivation::ReluSquared),
+];
+
+/// The metadata key llama.cpp reads an FFN activation from (`LLM_KV_HIDDEN_ACT`, gguf-py's
+/// `add_hidden_act`), for architecture `arch`.
+pub fn hidden_activation_key(arch: &str) -> String {
+    format!("{arch}.hidden_activation")
+}
+
+/// Decides the FFN activation: a metadata key naming it wins (llama.cpp's
+/// `<arch>.hidden_activation`, then the key this project wrote before that one), else the
+/// architecture's.
+fn activation_of(f: &GgufFile<'_>, arch: &str, by_arch: FfnActivation) -> Result<(FfnActivation, ActivationSource)> {
+    for key in [hidden_activation_key(arch), crate::gguf::writer::LEGACY_ACTIVATION_KEY.to_string()] {
+        let Some(v) = f.get(&key) else { continue };
+        let act = v.as_str().and_then(FfnActivation::from_metadata).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "metadata key '{key}' is {v}; this engine runs BitNet FFNs gated by \"silu\" (also \"swish\", \"swiglu\") or \"relu2\""
+            ))
+        })?;
+        return Ok((act, ActivationSource::MetadataKey(key)));
+    }
+    Ok((by_arch, ActivationSource::Architecture(arch.to_string())))
+}
 
 /// Builds the model in a parsed GGUF file. `name` is used when the file has no `general.name`.
 pub fn model_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<Model> {
@@ -63,17 +93,7 @@ pub fn config_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<ModelConfig> {
         Some(_) => key_u64(f, &k("vocab_size"), None)? as usize,
         None => embd.rows_cols().0,
     };
-    let activation = match f.get(crate::gguf::writer::ACTIVATION_KEY).map(|v| v.as_str()) {
-        None => *activation,
-        Some(Some("silu")) => FfnActivation::Silu,
-        Some(Some("relu2")) => FfnActivation::ReluSquared,
-        Some(other) => {
-            return Err(Error::Format(format!(
-                "metadata key '{}' is {other:?}; expected \"silu\" or \"relu2\"",
-                crate::gguf::writer::ACTIVATION_KEY
-            )))
-        }
-    };
+    let (activation, activation_source) = activation_of(f, arch, *activation)?;
     let cfg = ModelConfig {
         name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(name).to_string(),
         hidden: key_u64(f, &k("embedding_length"), None)? as usize,
@@ -86,6 +106,7 @@ pub fn config_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<ModelConfig> {
         rope_theta: key_f32(f, &k("rope.freq_base"), 10_000.0)?,
         norm_eps: key_f32(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?,
         activation,
+        activation_source,
         sub_norms: f.tensor("blk.0.attn_sub_norm.weight").is_some(),
         tied_embeddings: f.tensor("output.weight").is_none(),
     };

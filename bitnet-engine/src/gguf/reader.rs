@@ -233,6 +233,46 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Weights bitnet.cpp's `llama-quantize` hands to one quantize call per thread: 16384 rounded up
+/// to whole rows (`min_chunk_size` in its `llama_tensor_quantize_internal`).
+const QUANTIZE_CHUNK_WEIGHTS: u64 = 16384;
+
+/// Refuses I2_S tensors that bitnet.cpp's `llama-quantize` damaged by quantizing with more than
+/// one thread: each chunk of rows is written at four times its packed offset with its own scale
+/// after it, so the tensor takes `n/4 + 32 × chunks` bytes in the file instead of `n/4 + 32` and
+/// most rows are missing. The file's tensor offsets show it: the span up to the next tensor (or
+/// the end of the data) is that damaged size, padded to the alignment.
+fn check_i2s_spans(tensors: &[TensorDesc], alignment: usize, data_len: u64) -> Result<()> {
+    let mut order: Vec<&TensorDesc> = tensors.iter().collect();
+    order.sort_by_key(|t| t.offset);
+    for (i, t) in order.iter().enumerate() {
+        if t.ggml_type != GgmlType::I2S {
+            continue;
+        }
+        let end = order.get(i + 1).map_or(data_len, |n| n.offset);
+        let span = end.saturating_sub(t.offset);
+        let (rows, cols) = (t.elements() / t.dims[0], t.dims[0]);
+        let rows_per_chunk = QUANTIZE_CHUNK_WEIGHTS.div_ceil(cols);
+        let chunks = rows.div_ceil(rows_per_chunk);
+        if chunks < 2 {
+            continue;
+        }
+        let damaged = t.elements() / 4 + 32 * chunks;
+        let healthy_span = (t.size as u64).div_ceil(alignment as u64) * alignment as u64;
+        if span != healthy_span && span >= damaged && span < damaged + alignment as u64 {
+            return Err(Error::Format(format!(
+                "tensor '{}' is damaged: its I2_S data takes {damaged} bytes in the file where {} are expected \
+                 (rows × cols / 4 + 32). That is what bitnet.cpp's llama-quantize writes when it quantizes I2_S \
+                 with more than one thread: each of its {chunks} chunks of {rows_per_chunk} rows went to four times \
+                 its offset with its own scale, so most rows are missing. Requantize from the F32/F16 GGUF with one \
+                 thread: llama-quantize IN.gguf OUT.gguf I2_S 1",
+                t.name, t.size
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl<'a> GgufFile<'a> {
     /// Parses the header, metadata and tensor infos of `bytes` and checks that every tensor's
     /// data lies inside it.
@@ -262,6 +302,11 @@ impl<'a> GgufFile<'a> {
             let ty = c.u32(&what)?;
             let v = c.value(ty, 0, &what)?;
             metadata.push((key, v));
+        }
+        // llama.cpp's and gguf-py's readers refuse duplicates: which copy counts would be a guess.
+        let mut seen = std::collections::HashSet::with_capacity(metadata.len());
+        if let Some((k, _)) = metadata.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+            return Err(Error::Format(format!("metadata key '{k}' appears more than once; the file is damaged")));
         }
         let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
             None => 32,
@@ -302,7 +347,15 @@ impl<'a> GgufFile<'a> {
             let size = ggml_type.byte_size(dims[0], elements).map_err(|e| Error::Format(format!("{}: {e}", what())))?;
             tensors.push(TensorDesc { name, dims, ggml_type, offset, size });
         }
+        let mut seen = std::collections::HashSet::with_capacity(tensors.len());
+        if let Some(t) = tensors.iter().find(|t| !seen.insert(t.name.as_str())) {
+            return Err(Error::Format(format!(
+                "tensor '{}' appears more than once in the tensor infos; the file is damaged (llama.cpp refuses it too)",
+                t.name
+            )));
+        }
         let data_offset = c.pos.div_ceil(alignment) * alignment;
+        check_i2s_spans(&tensors, alignment, bytes.len().saturating_sub(data_offset) as u64)?;
         for t in &tensors {
             if t.offset % alignment as u64 != 0 {
                 return Err(Error::Format(format!(

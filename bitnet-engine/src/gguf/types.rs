@@ -210,6 +210,21 @@ pub fn decode_i2s(data: &[u8], rows: usize, cols: usize) -> Result<(Vec<i8>, f32
     Ok((values, f32::from_le_bytes([s[0], s[1], s[2], s[3]])))
 }
 
+/// Encodes ternary values (row-major, a multiple of 128) and their scale as bitnet.cpp's I2_S
+/// tensor data: the inverse of [`decode_i2s`], with the 28 bytes after the scale zeroed.
+pub fn encode_i2s(values: &[i8], scale: f32) -> Vec<u8> {
+    debug_assert!(values.len().is_multiple_of(128));
+    let mut out = vec![0u8; values.len() / 4 + 32];
+    for (i, block) in values.chunks_exact(128).enumerate() {
+        for (j, v) in block.iter().enumerate() {
+            out[32 * i + j % 32] |= ((*v + 1) as u8 & 3) << (6 - 2 * (j / 32));
+        }
+    }
+    let n = values.len() / 4;
+    out[n..n + 4].copy_from_slice(&scale.to_le_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +241,17 @@ mod tests {
         out.extend_from_slice(&scale.to_le_bytes());
         out.extend_from_slice(&[0xAB; 28]);
         out
+    }
+
+    #[test]
+    fn i2s_encodes_as_bitnet_cpp_packs() {
+        let mut g = crate::rng::SplitMix64::new(5);
+        let values: Vec<i8> = (0..4 * 128).map(|_| g.ternary()).collect();
+        let ours = encode_i2s(&values, 0.5);
+        let theirs = pack_i2s(&values, 0.5);
+        assert_eq!(ours.len(), theirs.len());
+        assert_eq!(ours[..values.len() / 4 + 4], theirs[..values.len() / 4 + 4]);
+        assert!(ours[values.len() / 4 + 4..].iter().all(|b| *b == 0));
     }
 
     #[test]

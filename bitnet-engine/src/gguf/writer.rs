@@ -1,6 +1,12 @@
-//! Writing GGUF: a model saved so that llama.cpp can load it (architecture `bitnet`, TQ2_0 or
-//! TQ1_0 linear weights, F16 embedding, F32 norms, a minimal llama-style vocabulary), so the
-//! very same weights can be run by llama.cpp's `llama-bench` beside ours.
+//! Writing GGUF: a model saved in the layouts its peers run, so the very same weights can be run
+//! by llama.cpp's `llama-bench` or bitnet.cpp beside ours:
+//! - TQ2_0 / TQ1_0 linear weights under llama.cpp's `bitnet` (SiLU-gated models) or bitnet.cpp's
+//!   `bitnet-25` (ReLU²-gated: llama.cpp's `bitnet` graph is SiLU-only, so such a model would run
+//!   there as a different function; llama.cpp refuses `bitnet-25` instead);
+//! - I2_S linear weights under `bitnet-b1.58`, as the official 2B4T file is laid out.
+//!
+//! F16 embedding (Q6_K kept as stored), F32 norms, the activation under
+//! `<arch>.hidden_activation`, a minimal llama-style vocabulary.
 //!
 //! Tensors are written one at a time (a 2B4T file never sits in memory) to a temporary file
 //! that is renamed into place when complete.
@@ -12,16 +18,18 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, Tq2Matrix, WeightFormat};
+use crate::gguf::load::hidden_activation_key;
 use crate::gguf::reader::Value;
-use crate::gguf::types::GgmlType;
+use crate::gguf::types::{encode_i2s, GgmlType};
+use crate::model::config::FfnActivation;
 use crate::model::forward::Model;
 use crate::model::weights::LayerWeights;
 
 const ALIGNMENT: usize = 32;
 
-/// Metadata key recording the FFN gating of a saved model (llama.cpp's `bitnet` graph assumes
-/// SiLU and ignores unknown keys).
-pub const ACTIVATION_KEY: &str = "bitnet_perf.ffn_activation";
+/// The key this project recorded a saved model's FFN gating under before it wrote llama.cpp's
+/// `<arch>.hidden_activation`; still read, so older files load as they were saved.
+pub const LEGACY_ACTIVATION_KEY: &str = "bitnet_perf.ffn_activation";
 
 type Producer<'a> = Box<dyn Fn(&mut dyn Write) -> std::io::Result<()> + 'a>;
 
@@ -157,37 +165,50 @@ fn f32_vec(v: &[f32]) -> impl Fn(&mut dyn Write) -> std::io::Result<()> + '_ {
     move |w| w.write_all(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
 }
 
-/// One linear layer as TQ2_0 or TQ1_0 bytes (weights already in that format are written as
-/// they are; others are repacked, each block scale = f16 of the tensor scale).
+/// One linear layer as TQ2_0, TQ1_0 or I2_S bytes (weights already in that format are written
+/// as they are; others are repacked, each TQ block scale = f16 of the tensor scale).
 fn ternary_bytes(w: &PackedWeights, ty: GgmlType) -> Result<Vec<u8>> {
     Ok(match (w, ty) {
         (PackedWeights::Tq2(m), GgmlType::Tq2_0) => m.to_bytes(),
         (PackedWeights::Tq1(m), GgmlType::Tq1_0) => m.to_bytes(),
         (_, GgmlType::Tq2_0) => Tq2Matrix::pack(&w.unpack())?.to_bytes(),
         (_, GgmlType::Tq1_0) => Tq1Matrix::pack(&w.unpack())?.to_bytes(),
-        _ => unreachable!("save_model only asks for TQ types"),
+        (_, GgmlType::I2S) => {
+            let t = w.unpack();
+            encode_i2s(&t.values, t.scale)
+        }
+        _ => unreachable!("save_model only asks for ternary types"),
     })
 }
 
-/// Saves `model` as a GGUF file llama.cpp can load, with linear layers in `format` (TQ2_0 or
-/// TQ1_0). llama.cpp's `bitnet` graph uses a SiLU-gated FFN: for a ReLU²-gated model (2B4T) it
-/// computes a slightly different function from the same bytes — the same work, so speed
-/// comparisons hold, but compare logits on a SiLU model. The gating is recorded under
-/// [`ACTIVATION_KEY`], so this engine loads the model back exactly.
+/// The architecture a saved model is written under (see the module comment).
+pub fn saved_architecture(activation: FfnActivation, format: WeightFormat) -> &'static str {
+    match (format, activation) {
+        (WeightFormat::I2, _) => "bitnet-b1.58",
+        (_, FfnActivation::Silu) => "bitnet",
+        (_, FfnActivation::ReluSquared) => "bitnet-25",
+    }
+}
+
+/// Saves `model` as a GGUF file with linear layers in `format`: TQ2_0 or TQ1_0 (llama.cpp's
+/// types), or I2 as bitnet.cpp's I2_S. The architecture follows the FFN gating, so no peer runs
+/// the file as a different function ([`saved_architecture`]); the gating is also written under
+/// `<arch>.hidden_activation`, which this loader reads first.
 pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()> {
     let ty = match format {
         WeightFormat::Tq2_0 => GgmlType::Tq2_0,
         WeightFormat::Tq1_0 => GgmlType::Tq1_0,
+        WeightFormat::I2 => GgmlType::I2S,
         other => {
             return Err(Error::Unsupported(format!(
-                "llama.cpp reads ternary weights as TQ2_0 or TQ1_0, not {other}; save with one of those"
+                "GGUF files hold ternary weights as TQ2_0 or TQ1_0 (llama.cpp) or I2_S (bitnet.cpp, format i2), not {other}; save with one of those"
             )))
         }
     };
     let cfg = &model.config;
     let w = &model.weights;
     crate::model::layout::tensor_layout(cfg, format)?;
-    let a = "bitnet";
+    let a = saved_architecture(cfg.activation, format);
     let (tokens, scores, types) = vocabulary(cfg.vocab);
     let meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
@@ -201,8 +222,7 @@ pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()
         (format!("{a}.attention.head_count_kv"), Value::U32(cfg.kv_heads as u32)),
         (format!("{a}.rope.freq_base"), Value::F32(cfg.rope_theta)),
         (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(cfg.norm_eps)),
-        // llama.cpp ignores this key; our loader uses it to restore a ReLU²-gated FFN.
-        (ACTIVATION_KEY.into(), Value::String(cfg.activation.name().into())),
+        (hidden_activation_key(a), Value::String(cfg.activation.name().into())),
         ("tokenizer.ggml.model".into(), Value::String("llama".into())),
         ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
         ("tokenizer.ggml.scores".into(), Value::Array(scores)),
@@ -243,6 +263,33 @@ pub fn save_model(model: &Model, format: WeightFormat, path: &Path) -> Result<()
         tensors.push(embedding_tensor("output.weight", head));
     }
     write_file(path, &meta, &tensors)
+}
+
+/// A tensor given as its bytes, for [`write_raw`].
+pub struct RawTensor {
+    pub name: String,
+    /// GGUF dims, fastest first.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// The data as it goes into the file (its length need not match the type table: tests
+    /// write damaged files on purpose).
+    pub data: Vec<u8>,
+}
+
+/// Writes a GGUF file of exactly these metadata and tensors, in order, atomically: fixtures for
+/// tests and tools that need a file no model makes (other layouts, damaged or duplicate tensors).
+pub fn write_raw(path: &Path, meta: &[(String, Value)], tensors: &[RawTensor]) -> Result<()> {
+    let pending: Vec<PendingTensor<'_>> = tensors
+        .iter()
+        .map(|t| PendingTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+            size: t.data.len(),
+            write: Box::new(move |w: &mut dyn Write| w.write_all(&t.data)),
+        })
+        .collect();
+    write_file(path, meta, &pending)
 }
 
 fn write_file(path: &Path, meta: &[(String, Value)], tensors: &[PendingTensor<'_>]) -> Result<()> {

@@ -21,6 +21,58 @@ impl FfnActivation {
             FfnActivation::ReluSquared => "relu2",
         }
     }
+
+    /// The activation a `<arch>.hidden_activation` value names: llama.cpp's names for SiLU
+    /// (`silu`, `swish`, `swiglu`) and the usual names of ReLU² (Hugging Face's `relu2`).
+    pub fn from_metadata(value: &str) -> Option<Self> {
+        match value {
+            "silu" | "swish" | "swiglu" => Some(FfnActivation::Silu),
+            "relu2" | "relu_squared" | "relu_sqr" | "squared_relu" => Some(FfnActivation::ReluSquared),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for FfnActivation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "silu" => Ok(FfnActivation::Silu),
+            "relu2" => Ok(FfnActivation::ReluSquared),
+            _ => Err(Error::UnknownName { what: "FFN activation", got: s.to_string(), expected: "silu, relu2".into() }),
+        }
+    }
+}
+
+impl fmt::Display for FfnActivation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a model's FFN activation was decided: users compare our figures with llama.cpp's and
+/// bitnet.cpp's, which decide it differently for the same file, so every tool says which rule won.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ActivationSource {
+    /// A metadata key of the file named it (the key).
+    MetadataKey(String),
+    /// The file's `general.architecture` (the name), through the same table llama.cpp uses.
+    Architecture(String),
+    /// `--ffn-activation` on the command line.
+    Flag,
+    /// The preset's definition (synthetic weights).
+    Preset,
+}
+
+impl fmt::Display for ActivationSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ActivationSource::MetadataKey(k) => write!(f, "metadata key {k}"),
+            ActivationSource::Architecture(a) => write!(f, "architecture {a}"),
+            ActivationSource::Flag => f.write_str("--ffn-activation"),
+            ActivationSource::Preset => f.write_str("preset"),
+        }
+    }
 }
 
 /// Hyperparameters of a BitNet b1.58 decoder (LLaMA-style).
@@ -44,6 +96,8 @@ pub struct ModelConfig {
     /// RMSNorm epsilon.
     pub norm_eps: f32,
     pub activation: FfnActivation,
+    /// Which rule chose `activation`.
+    pub activation_source: ActivationSource,
     /// Whether the layers have `attn_sub_norm` (before the O projection) and `ffn_sub_norm`
     /// (before the down projection), as BitNet b1.58 models do.
     pub sub_norms: bool,
@@ -70,6 +124,7 @@ impl ModelConfig {
             rope_theta,
             norm_eps: 1e-5,
             activation,
+            activation_source: ActivationSource::Preset,
             sub_norms: true,
             tied_embeddings: tied,
         };
@@ -168,6 +223,12 @@ impl ModelConfig {
         let attn = self.hidden * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.hidden;
         let ffn = 3 * self.hidden * self.ffn;
         self.layers * (attn + ffn)
+    }
+
+    /// Runs the FFN with `activation` whatever the file or preset says (`--ffn-activation`).
+    pub fn override_activation(&mut self, activation: FfnActivation) {
+        self.activation = activation;
+        self.activation_source = ActivationSource::Flag;
     }
 
     /// Parameters of the embedding and (if untied) the LM head.

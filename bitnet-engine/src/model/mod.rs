@@ -13,7 +13,7 @@ pub mod sampling;
 pub mod source;
 pub mod weights;
 
-pub use config::{FfnActivation, ModelConfig, PRESETS};
+pub use config::{ActivationSource, FfnActivation, ModelConfig, PRESETS};
 pub use forward::{argmax, LogitsFor, Model, State, StateOptions};
 pub use generate::{greedy, greedy_batch, kv_quality, prefill, Generation, KvQuality};
 pub use kv_cache::{KvCache, KvPrecision};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::formats::WeightFormat;
 use crate::gguf::load_model;
-use crate::model::{tensor_layout, Model, ModelConfig, Weights};
+use crate::model::{tensor_layout, FfnActivation, Model, ModelConfig, Weights};
 
 /// A preset (synthetic weights) or a GGUF file.
 #[derive(Debug, Clone)]
@@ -28,15 +28,26 @@ impl ModelSource {
     }
 
     /// Loads the model (synthetic weights in `format` for a preset, generated on `threads`
-    /// threads from `seed`), and says where it came from.
-    pub fn load(&self, format: WeightFormat, seed: u64, threads: usize) -> Result<(Model, String)> {
-        Ok(match self {
+    /// threads from `seed`), and says where it came from. `activation` (`--ffn-activation`)
+    /// overrides the FFN gating the file or preset gives.
+    pub fn load(
+        &self,
+        format: WeightFormat,
+        seed: u64,
+        threads: usize,
+        activation: Option<FfnActivation>,
+    ) -> Result<(Model, String)> {
+        let (mut model, desc) = match self {
             ModelSource::Preset(cfg) => {
                 tensor_layout(cfg, format)?;
                 let weights = Weights::synthetic(cfg, format, seed, threads)?;
                 (Model { config: cfg.clone(), weights }, format!("preset (synthetic {format} weights, seed {seed})"))
             }
             ModelSource::Gguf(path) => (load_model(path)?, format!("GGUF file {}", path.display())),
-        })
+        };
+        if let Some(a) = activation {
+            model.config.override_activation(a);
+        }
+        Ok((model, desc))
     }
 }
