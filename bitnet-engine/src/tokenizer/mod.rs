@@ -436,3 +436,6 @@ fn number_array<T>(f: &GgufFile<'_>, key: &str, n: usize, get: impl Fn(&Value) -
         .collect::<Result<_>>()
         .map(Some)
 }
+
+#[cfg(test)]
+mod tests;
