@@ -80,6 +80,22 @@ struct Case {
     ids: Vec<u32>,
 }
 
+fn extra_cases(file: &str) -> Vec<Case> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer").join(file);
+    let json: serde_json::Value = serde_json::from_slice(&read(&path)).expect("JSON");
+    json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            text: c["text"].as_str().expect("text").to_owned(),
+            add_special: c["add_special"].as_bool().expect("add_special"),
+            parse_special: c["parse_special"].as_bool().expect("parse_special"),
+            ids: c["ids"].as_array().expect("ids").iter().map(|i| i.as_u64().expect("id") as u32).collect(),
+        })
+        .collect()
+}
+
 /// Compares every case, prints each mismatch, and fails with the count.
 fn check(what: &str, tok: &Tokenizer, cases: &[Case]) {
     let mut failed = 0;
@@ -108,6 +124,13 @@ fn check_vectors(name: &str) {
     check(&format!("{name} vectors"), &tok, &cases);
 }
 
+fn check_extra(name: &str, file: &str, drop_keys: &[&str]) {
+    let Some(path) = vocab_path(name) else { return };
+    let bytes = read(&path);
+    let tok = tokenizer(&bytes, drop_keys);
+    check(file, &tok, &extra_cases(file));
+}
+
 #[test]
 fn llama_bpe_vectors() {
     check_vectors("llama-bpe");
@@ -121,4 +144,54 @@ fn llama_spm_vectors() {
 #[test]
 fn gpt2_vectors() {
     check_vectors("gpt-2");
+}
+
+#[test]
+fn llama_bpe_extra() {
+    check_extra("llama-bpe", "extra-llama-bpe.json", &[]);
+}
+
+#[test]
+fn llama_spm_extra() {
+    check_extra("llama-spm", "extra-llama-spm.json", &[]);
+}
+
+#[test]
+fn gpt2_extra() {
+    check_extra("gpt-2", "extra-gpt-2.json", &[]);
+}
+
+/// Llama 3's vocabulary without `tokenizer.ggml.pre`, as in the official BitNet 2B4T file:
+/// llama.cpp's "default" pre-tokenizer, and no BOS unless the file asks for one.
+#[test]
+fn llama_bpe_without_pre_extra() {
+    let Some(path) = vocab_path("llama-bpe") else { return };
+    let bytes = read(&path);
+    let tok = tokenizer(&bytes, &["tokenizer.ggml.pre"]);
+    assert_eq!(tok.pre(), "default");
+    assert!(!tok.add_bos());
+    check("extra-llama-bpe-nopre.json", &tok, &extra_cases("extra-llama-bpe-nopre.json"));
+}
+
+/// Perplexity tokenizes whole files: a megabyte must take well under the ~2 s budget in release
+/// builds. The bound here is loose (shared test machines, debug-assertion builds); it catches
+/// quadratic behaviour, which would take minutes. Long runs without a break are included.
+#[test]
+fn a_megabyte_encodes_in_linear_time() {
+    for name in ["llama-bpe", "llama-spm"] {
+        let Some(path) = vocab_path(name) else { return };
+        let bytes = read(&path);
+        let tok = tokenizer(&bytes, &[]);
+        let sample: String = vectors(&path).into_iter().map(|(t, _)| t).collect::<Vec<_>>().join("\n");
+        let mut text = sample.repeat((1 << 20) / sample.len() + 1);
+        text.push_str(&"a".repeat(50_000));
+        text.push_str(&"🦙".repeat(10_000));
+        text.push_str(&" ".repeat(50_000));
+        let start = std::time::Instant::now();
+        let ids = tok.encode(&text, false, false);
+        let secs = start.elapsed().as_secs_f64();
+        println!("{name}: {} bytes -> {} tokens in {secs:.2} s", text.len(), ids.len());
+        assert!(tok.decode(&ids) == text, "{name}: the megabyte does not decode back to itself");
+        assert!(secs < 20.0, "{name}: {secs:.1} s for {} bytes", text.len());
+    }
 }
