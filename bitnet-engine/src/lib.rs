@@ -8,6 +8,7 @@
 //!   int8 multiply-add probe (the roofline of batch decode and prefill).
 //! - [`model`]: the BitNet b1.58 decoder, KV cache, worker pool, generation; [`gguf`]: files.
 //! - [`instrument`]: per-stage spans (the engine emits; `bitnet-trace` reads).
+//! - [`tokenizer`]: text to token ids and back from GGUF vocabularies, as llama.cpp tokenizes.
 //!
 //! The engine depends on nothing heavy; the tools (`bitnet-trace`, `bitnet-bench`,
 //! `bitnet-diff`) depend on it.
@@ -29,6 +30,7 @@ pub mod kernels;
 pub mod model;
 pub mod rng;
 pub mod ternary;
+pub mod tokenizer;
 
 pub use activations::ActivationBatch;
 pub use cpu::IsaLevel;
@@ -37,3 +39,4 @@ pub use formats::{PackedWeights, WeightFormat};
 pub use kernels::{Kernel, KernelFamily, KernelForm, KernelScratch, ScratchNeeds};
 pub use model::{KvPrecision, LogitsFor, Model, ModelConfig, State, StateOptions};
 pub use ternary::TernaryMatrix;
+pub use tokenizer::{StreamDecoder, Tokenizer};
