@@ -111,9 +111,12 @@ struct SweepArgs {
 enum Command {
     /// A model's architecture, hyperparameters and tensors (name, shape, type, bytes).
     Inspect(InspectArgs),
-    /// Feed token ids, generate (greedy, or sampled with --temperature), print the new token
-    /// ids (timings on stderr).
+    /// Generate from a text prompt (streamed as it decodes) or token ids (prints the new ids),
+    /// greedy or sampled with --temperature; timings on stderr.
     Run(RunCmd),
+    /// Text to token ids with the model's own tokenizer, as llama.cpp's llama-tokenize: each
+    /// token as `id -> 'piece'`, or with --ids one JSON list (BOS included where the file adds it).
+    Tokenize(TokenizeArgs),
     /// Kernel throughput on a model's matrix shapes (2B4T's unless --shapes), in cache and
     /// streaming, against the memory-bandwidth probe and the scalar oracle.
     Kernels(KernelArgs),
@@ -181,6 +184,27 @@ struct InspectArgs {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("text").required(true).args(["prompt", "file"])))]
+struct TokenizeArgs {
+    /// A GGUF file with a tokenizer.
+    #[arg(long)]
+    model: String,
+    /// The text, taken as it is (no escape processing).
+    #[arg(long, short = 'p')]
+    prompt: Option<String>,
+    /// A file holding the text (UTF-8).
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// Print only the ids, as one JSON list.
+    #[arg(long)]
+    ids: bool,
+    /// Treat text that looks like a special token (`<|begin_of_text|>`, `<s>`) as plain text.
+    #[arg(long)]
+    no_parse_special: bool,
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["tokens", "prompt", "prompt_file"])))]
 struct RunCmd {
     /// A GGUF file, or a preset with synthetic weights (see `inspect`).
     #[arg(long)]
@@ -189,9 +213,17 @@ struct RunCmd {
     /// (and a preset's own).
     #[arg(long = "ffn-activation")]
     ffn_activation: Option<FfnActivation>,
-    /// Token ids to feed, e.g. 1,2,3.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Token ids to feed, e.g. 1,2,3 (prints the new ids).
+    #[arg(long, value_delimiter = ',')]
     tokens: Vec<u32>,
+    /// A text prompt, tokenized with the model's tokenizer (BOS where the file adds it, special
+    /// tokens parsed); the generated text is streamed to stdout, ending early at an
+    /// end-of-generation token.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// The prompt from a file (UTF-8).
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 16)]
     n_predict: usize,
@@ -315,6 +347,17 @@ fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
         Some(Command::Run(a)) => return run_model(a),
+        Some(Command::Tokenize(a)) => {
+            let text = match (&a.prompt, &a.file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => read_text(f, "--file")?,
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let tok = model_cmds::tokenizer(&a.model)?;
+            let ids = tok.encode(&text, true, !a.no_parse_special);
+            print!("{}", model_cmds::tokenize_listing(&tok, &ids, a.ids));
+            return Ok(());
+        }
         Some(Command::Kernels(a)) => a,
         Some(Command::Pipes { passes }) => {
             let r = bitnet_engine::compute_peak::measure_pipe_mixes(passes).context("--passes")?;
@@ -453,6 +496,18 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// A UTF-8 text file given by `flag`.
+fn read_text(path: &std::path::Path, flag: &str) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{flag} {}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 fn run_model(a: RunCmd) -> Result<()> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 {
@@ -479,44 +534,84 @@ fn run_model(a: RunCmd) -> Result<()> {
             );
         }
     }
-    let out = model_cmds::run(&model_cmds::RunArgs {
-        model: a.model,
-        ffn_activation: a.ffn_activation,
-        format,
-        seed: a.seed,
-        tokens: a.tokens.clone(),
-        n_predict: a.n_predict,
-        kv: a.kv,
-        threads,
-        kernel,
-        pin: a.pin,
-        logits_out: a.logits_out,
-        batch: a.batch,
-        save_gguf: a.save_gguf.map(|p| {
-            let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
-                WeightFormat::Tq1_0
-            } else {
-                WeightFormat::Tq2_0
-            });
-            (p, f)
-        }),
-        sampling: bitnet_engine::model::SamplingParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            seed: a.sample_seed,
+    let prompt = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(f)) => Some(read_text(f, "--prompt-file")?),
+        (None, None) => None,
+    };
+    // A text prompt: its ids, and the tokenizer to stream the answer with.
+    let (tokens, tok) = match &prompt {
+        Some(text) => {
+            let tok = model_cmds::tokenizer(&a.model)?;
+            let ids = tok.encode(text, true, true);
+            if ids.is_empty() {
+                anyhow::bail!("--prompt: the text gives no tokens (and the model adds no BOS)");
+            }
+            (ids, Some(tok))
+        }
+        None => (a.tokens.clone(), None),
+    };
+    let stop_at: Vec<u32> = match &tok {
+        Some(t) => (0..t.vocab_size() as u32).filter(|id| t.is_eog(*id)).collect(),
+        None => Vec::new(),
+    };
+    let mut stream = tok.as_ref().map(bitnet_engine::tokenizer::StreamDecoder::new);
+    if let Some(text) = &prompt {
+        print!("{text}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
+    let on_token = |id: u32| {
+        if let Some(s) = stream.as_mut() {
+            print!("{}", s.push(id));
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+    };
+    let n_prompt = tokens.len();
+    let out = model_cmds::run(
+        &model_cmds::RunArgs {
+            model: a.model,
+            ffn_activation: a.ffn_activation,
+            format,
+            seed: a.seed,
+            tokens,
+            stop_at,
+            n_predict: a.n_predict,
+            kv: a.kv,
+            threads,
+            kernel,
+            pin: a.pin,
+            logits_out: a.logits_out,
+            batch: a.batch,
+            save_gguf: a.save_gguf.map(|p| {
+                let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
+                    WeightFormat::Tq1_0
+                } else {
+                    WeightFormat::Tq2_0
+                });
+                (p, f)
+            }),
+            sampling: bitnet_engine::model::SamplingParams {
+                temperature: a.temperature,
+                top_k: a.top_k,
+                top_p: a.top_p,
+                seed: a.sample_seed,
+            },
         },
-    })?;
-    println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
+        on_token,
+    )?;
+    match stream {
+        Some(s) => println!("{}", s.finish()),
+        None => println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")),
+    }
     let prefill = format!(
         "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s)",
         out.kernel,
         threads,
         a.kv,
         a.batch,
-        a.tokens.len(),
+        n_prompt,
         out.prefill_secs * 1e3,
-        a.tokens.len() as f64 / out.prefill_secs,
+        n_prompt as f64 / out.prefill_secs,
     );
     let mib = out.bytes_read_per_step as f64 / (1 << 20) as f64;
     if out.decode_steps == 0 {

@@ -9,6 +9,7 @@ use bitnet_engine::gguf::GgufFile;
 use bitnet_engine::model::{
     bytes_read_per_token, prefill, tensor_layout, FfnActivation, Sampler, SamplingParams, TensorInfo,
 };
+use bitnet_engine::tokenizer::Tokenizer;
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use serde_json::json;
 
@@ -30,6 +31,45 @@ pub fn load(
     resolve(model)?
         .load(format, seed, threads, activation)
         .with_context(|| format!("--model {model} (--format {format})"))
+}
+
+/// The tokenizer of `--model`: a GGUF file's; a preset has none.
+pub fn tokenizer(model: &str) -> Result<Tokenizer> {
+    match resolve(model)? {
+        ModelSource::Preset(_) => bail!(
+            "--model {model}: a preset has synthetic weights and no tokenizer (metadata key 'tokenizer.ggml.model'); give a GGUF file, or token ids with --tokens"
+        ),
+        ModelSource::Gguf(path) => {
+            bitnet_engine::gguf::load_tokenizer(&path).with_context(|| format!("--model {}", path.display()))
+        }
+    }
+}
+
+/// What `tokenize` prints: one line per token (`id -> 'piece'`, as llama-tokenize does), or
+/// with `ids_only` the ids as one JSON list.
+pub fn tokenize_listing(tok: &Tokenizer, ids: &[u32], ids_only: bool) -> String {
+    if ids_only {
+        let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        return format!("[{}]\n", list.join(", "));
+    }
+    let mut s = String::new();
+    for id in ids {
+        s.push_str(&format!("{id:6} -> '{}'\n", escape_bytes(&tok.piece(*id, true))));
+    }
+    s
+}
+
+/// A token's bytes as text: valid UTF-8 as it is, any other byte as `\xNN` (byte tokens and
+/// pieces that end inside a character).
+fn escape_bytes(b: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in b.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for x in chunk.invalid() {
+            out.push_str(&format!("\\x{x:02X}"));
+        }
+    }
+    out
 }
 
 /// What `inspect` reports, as JSON.
@@ -155,6 +195,9 @@ pub struct RunArgs {
     pub save_gguf: Option<(PathBuf, WeightFormat)>,
     /// Sequences decoded in lock-step (each fed the same tokens); 1 = a single sequence.
     pub batch: usize,
+    /// Generation ends early at the first of these tokens (a text prompt's end-of-generation
+    /// tokens; empty for `--tokens`, which always decodes `n_predict`).
+    pub stop_at: Vec<u32>,
 }
 
 /// What `run` measured.
@@ -169,8 +212,9 @@ pub struct RunOutcome {
 }
 
 /// Generation (greedy unless a temperature is given); with `logits_out`, one row of logits
-/// per fed and generated token.
-pub fn run(a: &RunArgs) -> Result<RunOutcome> {
+/// per fed and generated token. `on_token` sees each new token of the (first) sequence as it is
+/// chosen, to stream text.
+pub fn run(a: &RunArgs, mut on_token: impl FnMut(u32)) -> Result<RunOutcome> {
     if a.pin {
         bitnet_engine::model::pool::check_pinnable(a.threads)
             .map_err(|e| anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", a.threads))?;
@@ -186,7 +230,9 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
     let ctx = a.tokens.len() + a.n_predict;
     if ctx > cfg.max_context {
         bail!(
-            "--tokens + --n-predict = {ctx} positions exceed the context length of {} ({})",
+            "{} prompt tokens + --n-predict {} = {ctx} positions exceed the context length of {} ({})",
+            a.tokens.len(),
+            a.n_predict,
             cfg.name,
             cfg.max_context
         );
@@ -206,7 +252,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
         bail!("--logits-out needs --batch 1");
     }
     if a.batch > 1 {
-        return run_batch(a, &model, ctx);
+        return run_batch(a, &model, ctx, on_token);
     }
     let mut opts = StateOptions::new(1, ctx, a.kv, a.threads);
     opts.kernel = a.kernel;
@@ -225,8 +271,9 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
     let mut steps = 0;
     for i in 0..a.n_predict {
         generated.push(next);
+        on_token(next);
         // The last token is fed only when its logits are wanted.
-        if i + 1 == a.n_predict && !keep {
+        if (i + 1 == a.n_predict && !keep) || a.stop_at.contains(&next) {
             break;
         }
         st.forward(&model, &[next], &[0], &[a.tokens.len() + i], LogitsFor::All)?;
@@ -257,7 +304,7 @@ pub fn run(a: &RunArgs) -> Result<RunOutcome> {
 /// Batched decode: every sequence is prefilled with the same tokens, then all decode in
 /// lock-step (one forward call per step for the whole batch, weights read once per step).
 /// Decode tokens/s counts the tokens of every sequence.
-fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
+fn run_batch(a: &RunArgs, model: &Model, ctx: usize, mut on_token: impl FnMut(u32)) -> Result<RunOutcome> {
     let b = a.batch;
     let mut opts = StateOptions::new(b, ctx, a.kv, a.threads);
     opts.kernel = a.kernel;
@@ -275,9 +322,13 @@ fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
     let seqs: Vec<usize> = (0..b).collect();
     let mut positions = vec![0usize; b];
     let mut generated = vec![next[0]];
+    on_token(next[0]);
     let t1 = Instant::now();
     let mut steps = 0;
     for i in 0..a.n_predict.saturating_sub(1) {
+        if a.stop_at.contains(&next[0]) {
+            break;
+        }
         positions.fill(a.tokens.len() + i);
         st.forward(model, &next, &seqs, &positions, LogitsFor::All)?;
         steps += 1;
@@ -285,6 +336,7 @@ fn run_batch(a: &RunArgs, model: &Model, ctx: usize) -> Result<RunOutcome> {
             *t = sampler.sample(st.logits(s).expect("every row has logits"));
         }
         generated.push(next[0]);
+        on_token(next[0]);
     }
     Ok(RunOutcome {
         generated,

@@ -17,6 +17,20 @@ pub use writer::save_model;
 
 /// Memory-maps `path`, parses it and builds the model. Errors name the file.
 pub fn load_model(path: &Path) -> Result<Model> {
+    with_parsed(path, |parsed| {
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        load::model_from_gguf(parsed, &stem)
+    })
+}
+
+/// The tokenizer in `path`'s metadata. Errors name the file (and the missing key of a model
+/// that has no tokenizer).
+pub fn load_tokenizer(path: &Path) -> Result<crate::tokenizer::Tokenizer> {
+    with_parsed(path, crate::tokenizer::Tokenizer::from_gguf)
+}
+
+/// Maps and parses `path`, then runs `f` on it; errors from either name the file.
+fn with_parsed<T>(path: &Path, f: impl FnOnce(&GgufFile<'_>) -> Result<T>) -> Result<T> {
     let ctx = |e: Error| Error::Format(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| Error::Format(format!("{}: cannot open: {e}", path.display())))?;
     // SAFETY: the map is read-only and private to this process; it stays valid while `map`
@@ -26,6 +40,5 @@ pub fn load_model(path: &Path) -> Result<Model> {
     let map = unsafe { memmap2::Mmap::map(&file) }
         .map_err(|e| Error::Format(format!("{}: cannot map: {e}", path.display())))?;
     let parsed = GgufFile::parse(&map).map_err(ctx)?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    load::model_from_gguf(&parsed, &stem).map_err(ctx)
+    f(&parsed).map_err(ctx)
 }

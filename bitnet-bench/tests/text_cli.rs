@@ -1,0 +1,168 @@
+//! Text in and out: `tokenize` as llama-tokenize prints it, `run --prompt` streaming text, and
+//! clear errors for models without a tokenizer.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
+}
+
+/// A scratch directory removed when the test ends, pass or fail.
+struct TmpDir(PathBuf);
+impl TmpDir {
+    fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("bitnet-text-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TmpDir(d)
+    }
+}
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The tiny preset saved as GGUF: its minimal llama vocabulary has `<s>`, `</s>` and the 256
+/// byte tokens, so text tokenizes to bytes after llama's leading `▁`.
+fn tiny_gguf(dir: &Path) -> PathBuf {
+    let file = dir.join("tiny.gguf");
+    let out = bench()
+        .args(["run", "--model", "tiny", "--tokens", "1", "--n-predict", "1", "--format", "tq2_0", "--save-gguf"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    ok(out);
+    file
+}
+
+#[test]
+fn tokenize_prints_pieces_or_ids_as_llama_tokenize_does() {
+    let dir = TmpDir::new("tokenize");
+    let file = tiny_gguf(&dir.0);
+    let m = file.to_str().unwrap();
+    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    let want = tok.encode("Hi é", true, true);
+    // BOS, then ▁ (E2 96 81), H, i, ▁, é (C3 A9): byte tokens are id = byte + 3.
+    assert_eq!(
+        want,
+        [1, 0xE2 + 3, 0x96 + 3, 0x81 + 3, b'H' as u32 + 3, b'i' as u32 + 3, 229, 153, 132, 0xC3 + 3, 0xA9 + 3]
+    );
+    let ids = ok(bench().args(["tokenize", "--model", m, "--prompt", "Hi é", "--ids"]).output().unwrap());
+    let list: Vec<String> = want.iter().map(|i| i.to_string()).collect();
+    assert_eq!(ids, format!("[{}]\n", list.join(", ")));
+    let pieces = ok(bench().args(["tokenize", "--model", m, "-p", "Hi é"]).output().unwrap());
+    let lines: Vec<&str> = pieces.lines().collect();
+    assert_eq!(lines.len(), want.len());
+    assert_eq!(lines[0], "     1 -> '<s>'");
+    assert_eq!(lines[4], "    75 -> 'H'");
+    assert_eq!(lines[1], "   229 -> '\\xE2'", "a byte that is not UTF-8 alone is escaped");
+    // Text that looks like a special token: the token when parsed, its bytes when not.
+    let text = dir.0.join("special.txt");
+    std::fs::write(&text, "a<s>").unwrap();
+    let parsed = ok(bench().args(["tokenize", "--model", m, "--ids", "--file"]).arg(&text).output().unwrap());
+    let plain =
+        ok(bench().args(["tokenize", "--model", m, "--ids", "--no-parse-special", "-f"]).arg(&text).output().unwrap());
+    assert!(parsed.trim_end().ends_with(", 1]"), "{parsed}");
+    assert!(!plain[1..].contains(" 1,") && plain.trim_end().ends_with(&format!(", {}]", b'>' as u32 + 3)), "{plain}");
+}
+
+/// With llama.cpp's Llama 3 test vocabulary (the 2B4T file's): the ids llama-tokenize printed
+/// for the same text (llama.cpp 0c1e570). Runs where CI provides llama.cpp's vocabularies.
+#[test]
+fn tokenize_matches_llama_tokenize_on_llama_3s_vocabulary() {
+    let Some(dir) = std::env::var_os("BITNET_LLAMA_VOCAB_DIR") else {
+        assert!(
+            std::env::var_os("BITNET_REQUIRE_VOCABS").is_none(),
+            "BITNET_REQUIRE_VOCABS set without BITNET_LLAMA_VOCAB_DIR"
+        );
+        eprintln!("skipped: set BITNET_LLAMA_VOCAB_DIR to llama.cpp's models/ to run");
+        return;
+    };
+    let file = Path::new(&dir).join("ggml-vocab-llama-bpe.gguf");
+    let out = ok(bench()
+        .args(["tokenize", "--ids", "--model"])
+        .arg(&file)
+        .args(["-p", "Hello world, I'm here"])
+        .output()
+        .unwrap());
+    assert_eq!(out, "[128000, 9906, 1917, 11, 358, 2846, 1618]\n");
+}
+
+#[test]
+fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
+    let dir = TmpDir::new("prompt");
+    let file = tiny_gguf(&dir.0);
+    let m = file.to_str().unwrap();
+    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    let ids = tok.encode("Hello", true, true);
+    let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let by_ids =
+        ok(bench().args(["run", "--model", m, "--n-predict", "12", "--tokens", &list.join(",")]).output().unwrap());
+    let generated: Vec<u32> = by_ids.trim().split(',').map(|t| t.parse().unwrap()).collect();
+    let by_text = ok(bench().args(["run", "--model", m, "--n-predict", "12", "--prompt", "Hello"]).output().unwrap());
+    // The prompt, then the text of the same greedy tokens (up to an end-of-generation token).
+    let stop = generated.iter().position(|t| tok.is_eog(*t)).map_or(generated.len(), |p| p + 1);
+    let mut stream = bitnet_engine::tokenizer::StreamDecoder::new(&tok);
+    let mut want = String::from("Hello");
+    for t in &generated[..stop] {
+        want.push_str(&stream.push(*t));
+    }
+    want.push_str(&stream.finish());
+    assert_eq!(by_text, want + "\n");
+    let prompt_file = dir.0.join("prompt.txt");
+    std::fs::write(&prompt_file, "Hello").unwrap();
+    let from_file = ok(bench()
+        .args(["run", "--model", m, "--n-predict", "12", "--prompt-file"])
+        .arg(&prompt_file)
+        .output()
+        .unwrap());
+    assert_eq!(from_file, by_text);
+}
+
+#[test]
+fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
+    let dir = TmpDir::new("errors");
+    let file = tiny_gguf(&dir.0);
+    // The same model with its tokenizer keys removed.
+    let bytes = std::fs::read(&file).unwrap();
+    let f = bitnet_engine::gguf::GgufFile::parse(&bytes).unwrap();
+    let meta: Vec<_> = f.metadata.iter().filter(|(k, _)| !k.starts_with("tokenizer.")).cloned().collect();
+    let tensors: Vec<_> = f
+        .tensors
+        .iter()
+        .map(|t| bitnet_engine::gguf::writer::RawTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ggml_type,
+            data: f.data(t).to_vec(),
+        })
+        .collect();
+    let bare = dir.0.join("bare.gguf");
+    bitnet_engine::gguf::writer::write_raw(&bare, &meta, &tensors).unwrap();
+    let not_utf8 = dir.0.join("latin1.txt");
+    std::fs::write(&not_utf8, b"caf\xe9").unwrap();
+    let b = bare.to_str().unwrap();
+    let m = file.to_str().unwrap();
+    let n = not_utf8.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["tokenize", "--model", b, "-p", "x"], "tokenizer.ggml.model"),
+        (vec!["run", "--model", b, "--prompt", "x"], "tokenizer.ggml.model"),
+        (vec!["run", "--model", "tiny", "--prompt", "x"], "no tokenizer"),
+        (vec!["tokenize", "--model", m, "-f", "/nonexistent/t.txt"], "/nonexistent/t.txt"),
+        (vec!["tokenize", "--model", m, "-f", n], "not UTF-8"),
+        (vec!["run", "--model", m, "--prompt-file", n], "--prompt-file"),
+        (vec!["tokenize", "--model", m], "--prompt"),
+        (vec!["run", "--model", m, "--prompt", "x", "--tokens", "1"], "--tokens"),
+    ] {
+        let out = bench().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
