@@ -92,6 +92,11 @@ struct SweepArgs {
     /// Positions of the KV quality measurement (0: none).
     #[arg(long = "quality-positions")]
     quality_positions: Option<usize>,
+    /// Measure each KV precision's quality (KL divergence, top-1 agreement and perplexity
+    /// against f32 KV) on this text with the model's tokenizer; without it the figures come
+    /// from random token ids and are marked `synthetic`.
+    #[arg(long = "quality-text", value_name = "FILE")]
+    quality_text: Option<PathBuf>,
     /// A fast smoke sweep (1 batch size, 1 short context, 2 precisions, 4 tokens, small probe).
     #[arg(long)]
     quick: bool,
@@ -690,6 +695,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     if let Some(v) = a.quality_positions {
         spec.quality_positions = v;
     }
+    spec.quality_text = a.quality_text;
     spec.trace = a.trace;
     spec.counters = a.counters;
     spec.pin = a.pin;

@@ -55,7 +55,13 @@ fn row(r: &BenchResult) -> [String; 17] {
         roofline_cell(r),
         r.decode.compute_fraction.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
         kv_cache_known(r).map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
-        r.quality.as_ref().map_or("-".into(), |q| format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)),
+        r.quality.as_ref().map_or("-".into(), |q| {
+            if q.is_real() {
+                format!("{:.4} / {:.0}%", q.kl_divergence, q.top1_agreement * 100.0)
+            } else {
+                "synthetic".into()
+            }
+        }),
     ]
 }
 
@@ -228,7 +234,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 /// this build's where an older report does not say).
 fn legend(r: &Report) -> String {
     format!(
-        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV.",
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV on real text (--quality-text; perplexities in the JSON and CSV), or `synthetic` where measured on random token ids or weights, which estimate no model's quality.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
     ) + &above_probe_note(r)
 }
@@ -283,7 +289,7 @@ fn csv_field(s: &str) -> String {
 }
 
 /// The CSV's header: machine-friendly units in the column names.
-pub const CSV_HEADER: &str = "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction,step_probe_gbps_median";
+pub const CSV_HEADER: &str = "model,kernel,isa,threads,batch,context_length,kv_precision,prefill_tokens_per_sec_median,ttft_ms_median,decode_tokens_per_sec_median,decode_tokens_per_sec_ci95_low,decode_tokens_per_sec_ci95_high,latency_ms_p50,latency_ms_p90,latency_ms_p95,latency_ms_p99,bytes_per_token,roofline_fraction,weight_bytes,kv_cache_bytes,kl_divergence,top1_agreement,macs_per_step,compute_fraction,prefill_compute_fraction,step_probe_gbps_median,quality_source,perplexity_f32,perplexity";
 
 /// CSV: one row per combination ([`csv_cells`], quoted where needed), [`CSV_HEADER`] first.
 pub fn csv(r: &Report) -> String {
@@ -331,6 +337,9 @@ pub fn csv_cells(r: &Report) -> Vec<Vec<String>> {
             x.decode.compute_fraction.map_or(String::new(), |f| format!("{f}")),
             x.prefill.compute_fraction.map_or(String::new(), |f| format!("{f}")),
             step_probe_median(x).map_or(String::new(), |g| format!("{g}")),
+            x.quality.as_ref().map_or(String::new(), |q| q.source.clone()),
+            x.quality.as_ref().and_then(|q| q.perplexity_f32).map_or(String::new(), |p| format!("{p}")),
+            x.quality.as_ref().and_then(|q| q.perplexity).map_or(String::new(), |p| format!("{p}")),
         ];
         rows.push(fields);
     }

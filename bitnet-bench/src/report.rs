@@ -369,6 +369,32 @@ pub struct Quality {
     pub top1_agreement: f64,
     /// Positions compared (a teacher-forced prompt).
     pub positions: usize,
+    /// What the figures were measured on: `text` (a real model's own tokenizer on
+    /// `--quality-text`), or `synthetic` (random token ids, or a preset's random weights):
+    /// synthetic figures exercise the KV precisions' code but estimate no model's quality, so
+    /// they are shown as `synthetic` and never gated.
+    #[serde(default = "synthetic")]
+    pub source: String,
+    /// The text file (name, bytes and the first 16 hex digits of its SHA-256), for `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Perplexity of the text's next tokens over the positions with f32 KV, and with this
+    /// precision (`text` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity_f32: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+}
+
+fn synthetic() -> String {
+    "synthetic".into()
+}
+
+impl Quality {
+    /// Whether the figures estimate a real model's quality (and may be gated).
+    pub fn is_real(&self) -> bool {
+        self.source == "text"
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

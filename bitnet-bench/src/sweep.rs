@@ -51,6 +51,9 @@ pub struct SweepSpec {
     pub counters: bool,
     /// Positions of the KV quality measurement (0 = none).
     pub quality_positions: usize,
+    /// Real text for the KV quality measurement (a GGUF model with a tokenizer); without it the
+    /// measurement runs on random token ids and is marked `synthetic`.
+    pub quality_text: Option<std::path::PathBuf>,
     pub pin: bool,
     /// Bytes the bandwidth probe reads.
     pub probe_bytes: usize,
@@ -78,6 +81,7 @@ impl Default for SweepSpec {
             trace: false,
             counters: false,
             quality_positions: 64,
+            quality_text: None,
             pin: false,
             probe_bytes: 1 << 30,
         }
@@ -502,6 +506,28 @@ pub fn summarize(
     }
 }
 
+/// `path`'s text as the model's tokens (BOS where the file adds one, special-looking text kept
+/// as text), and a name for the report: file name, bytes and the first 16 hex digits of its
+/// SHA-256, so two reports say whether they measured the same text.
+pub fn quality_tokens(tok: &bitnet_engine::tokenizer::Tokenizer, path: &std::path::Path) -> Result<(Vec<u32>, String)> {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).with_context(|| format!("--quality-text {}: cannot read", path.display()))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "--quality-text {}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.valid_up_to()
+        )
+    })?;
+    let tokens = tok.encode(text, true, false);
+    if tokens.len() < 2 {
+        bail!("--quality-text {}: {} token(s); the measurement needs at least 2", path.display(), tokens.len());
+    }
+    let sha: String = sha2::Sha256::digest(&bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    Ok((tokens, format!("{name} ({} bytes, sha256 {sha})", bytes.len())))
+}
+
 /// The real engine behind the seam.
 pub struct EngineRunner {
     model: Model,
@@ -517,6 +543,8 @@ pub struct EngineRunner {
     seed: u64,
     /// `--ffn-activation`, kept for models regenerated in another kernel's format.
     ffn_activation: Option<FfnActivation>,
+    /// `--quality-text` tokenized by the model's tokenizer, and how to name it in the report.
+    quality_text: Option<(Vec<u32>, String)>,
     pin: bool,
     probe_bytes: usize,
     state: Option<(Combo, State)>,
@@ -545,6 +573,18 @@ impl EngineRunner {
                 format!("--model {} (format {format})", spec.model)
             }
         })?;
+        let quality_text = match (&spec.quality_text, &source) {
+            (None, _) => None,
+            (Some(t), ModelSource::Preset(_)) => bail!(
+                "--quality-text {}: {} is a preset with random weights and no tokenizer, whose quality figures estimate no model; give a GGUF model",
+                t.display(),
+                spec.model
+            ),
+            (Some(t), ModelSource::Gguf(path)) => {
+                let tok = bitnet_engine::gguf::load_tokenizer(path).with_context(|| format!("--quality-text needs the model's tokenizer: --model {}", spec.model))?;
+                Some(quality_tokens(&tok, t)?)
+            }
+        };
         let fixed = spec.format.is_some() || gguf;
         let loaded = model.weights.layers[0].wq.format();
         if let (true, Some(f)) = (gguf, spec.format) {
@@ -578,6 +618,7 @@ impl EngineRunner {
             gen_threads,
             seed: spec.seed,
             ffn_activation: spec.ffn_activation,
+            quality_text,
             pin: spec.pin,
             probe_bytes: spec.probe_bytes,
             state: None,
@@ -821,10 +862,31 @@ impl Runner for EngineRunner {
 
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality> {
         let n = positions.min(self.model.config.max_context);
+        if let Some((text_tokens, name)) = &self.quality_text {
+            let tokens = &text_tokens[..n.min(text_tokens.len())];
+            let q = kv_quality(&self.model, tokens, kv, threads)?;
+            return Ok(Quality {
+                kl_divergence: q.kl_divergence,
+                top1_agreement: q.top1_agreement,
+                positions: q.positions,
+                source: "text".into(),
+                text: Some(name.clone()),
+                perplexity_f32: Some(q.perplexity_f32),
+                perplexity: Some(q.perplexity),
+            });
+        }
         let vocab = self.model.config.vocab as u64;
         let mut rng = bitnet_engine::rng::SplitMix64::new(self.seed ^ 0x5eed);
         let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
         let q = kv_quality(&self.model, &tokens, kv, threads)?;
-        Ok(Quality { kl_divergence: q.kl_divergence, top1_agreement: q.top1_agreement, positions: q.positions })
+        Ok(Quality {
+            kl_divergence: q.kl_divergence,
+            top1_agreement: q.top1_agreement,
+            positions: q.positions,
+            source: "synthetic".into(),
+            text: None,
+            perplexity_f32: None,
+            perplexity: None,
+        })
     }
 }

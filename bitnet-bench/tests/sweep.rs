@@ -91,7 +91,15 @@ impl Runner for FakeRunner<'_> {
             KvPrecision::F16 => 0.001,
             _ => 0.01,
         };
-        Ok(Quality { kl_divergence: kl, top1_agreement: 0.9, positions })
+        Ok(Quality {
+            kl_divergence: kl,
+            top1_agreement: 0.9,
+            positions,
+            source: "text".into(),
+            text: Some("fake.txt (10 bytes, sha256 0123456789abcdef)".into()),
+            perplexity_f32: Some(20.0),
+            perplexity: Some(20.0 * (1.0 + kl)),
+        })
     }
 }
 
@@ -632,4 +640,30 @@ fn each_roofline_step_is_over_its_own_kv_bytes() {
     assert_eq!(r.decode.pass_fractions.len(), 2);
     assert!((r.decode.pass_fractions[0] - fraction).abs() < 1e-12);
     assert!((r.decode.pass_fractions[1] - fraction / 2.0).abs() < 1e-12);
+}
+
+/// Quality measured on random token ids or weights is not shown as a quality figure: the table
+/// and Markdown say `synthetic`, the CSV keeps the values beside their source, and no chart
+/// draws them.
+#[test]
+fn synthetic_quality_is_labelled_not_shown_as_an_estimate() {
+    let mut r = sweep(None);
+    for x in &mut r.results {
+        let q = x.quality.as_mut().unwrap();
+        q.source = "synthetic".into();
+        q.text = None;
+        q.perplexity_f32 = None;
+        q.perplexity = None;
+    }
+    for t in [output::table(&r), output::markdown(&r)] {
+        assert!(t.contains("synthetic"), "{t}");
+        assert!(!t.contains("/ 90%"), "a synthetic figure printed as an estimate: {t}");
+    }
+    let csv = output::csv(&r);
+    let row = csv.lines().nth(1).unwrap();
+    assert!(row.ends_with(",synthetic,,"), "{row}");
+    let dir = std::env::temp_dir().join(format!("bitnet-synthetic-plots-{}", std::process::id()));
+    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    assert!(!dir.join("kv_quality.svg").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -166,3 +166,38 @@ fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// `--quality-text`: each KV precision's quality on real text with the model's tokenizer,
+/// marked `text` and naming the file; a preset (random weights, no tokenizer) is refused.
+#[test]
+fn sweep_quality_text_measures_on_the_text_and_says_so() {
+    let dir = TmpDir::new("quality-text");
+    let file = tiny_gguf(&dir.0);
+    let text = dir.0.join("text.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(4)).unwrap();
+    let report = dir.0.join("r.json");
+    let out = bench()
+        .args(["--quick", "--quiet", "--threads", "1", "--kv-precisions", "f16", "int4", "--model"])
+        .arg(&file)
+        .arg("--quality-text")
+        .arg(&text)
+        .arg("--json-report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    ok(out);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    for x in r["results"].as_array().unwrap() {
+        let q = &x["quality"];
+        assert_eq!(q["source"], "text", "{q}");
+        assert!(q["text"].as_str().unwrap().starts_with("text.txt ("), "{q}");
+        let (p32, p) = (q["perplexity_f32"].as_f64().unwrap(), q["perplexity"].as_f64().unwrap());
+        assert!(p32 > 1.0 && p > 1.0, "{q}");
+        if x["config"]["kv_precision"] == "int4" {
+            assert!(q["kl_divergence"].as_f64().unwrap() > 0.0, "{q}");
+        }
+    }
+    let out = bench().args(["--quick", "--model", "tiny", "--quality-text"]).arg(&text).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--quality-text"));
+}

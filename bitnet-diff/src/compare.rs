@@ -35,35 +35,45 @@ pub struct Metric {
     pub name: &'static str,
     pub better: Better,
     pub samples: fn(&BenchResult) -> Option<Vec<f64>>,
+    /// The metric's own threshold, used instead of `--threshold` (quality figures are
+    /// deterministic and far more sensitive than speed's 5%).
+    pub own_threshold: Option<f64>,
+    /// Values below this count as it (0: none): a KL divergence of exactly 0 (a run against
+    /// itself) still ratios against a worse one.
+    pub floor: f64,
+    /// Whether the metric is a quality figure, which is compared only when both results
+    /// measured it on real text (synthetic quality estimates no model).
+    pub quality: bool,
+}
+
+/// Perplexity's own threshold: a 1% rise is a real loss of quality for a model.
+pub const PERPLEXITY_THRESHOLD: f64 = 0.01;
+/// KL divergence's own threshold (relative; KL values are small, their changes large).
+pub const KL_THRESHOLD: f64 = 0.10;
+/// KL divergences below this (nats) are not told apart.
+pub const KL_FLOOR: f64 = 1e-6;
+
+impl Metric {
+    const fn speed(name: &'static str, better: Better, samples: fn(&BenchResult) -> Option<Vec<f64>>) -> Self {
+        Metric { name, better, samples, own_threshold: None, floor: 0.0, quality: false }
+    }
 }
 
 /// Every metric `--metrics` accepts.
 pub fn metrics() -> Vec<Metric> {
     vec![
-        Metric {
-            name: "decode.tokens_per_sec",
-            better: Better::Higher,
-            samples: |r| Some(r.decode.tokens_per_sec.samples.clone()),
-        },
-        Metric {
-            name: "prefill.tokens_per_sec",
-            better: Better::Higher,
-            samples: |r| Some(r.prefill.tokens_per_sec.samples.clone()),
-        },
-        Metric { name: "prefill.ttft_ms", better: Better::Lower, samples: |r| Some(r.prefill.ttft_ms.samples.clone()) },
-        Metric {
-            name: "decode.latency_ms",
-            better: Better::Lower,
-            samples: |r| Some(r.decode.latency_ms.samples.clone()),
-        },
-        Metric {
-            name: "decode.roofline_fraction",
-            better: Better::Higher,
+        Metric::speed("decode.tokens_per_sec", Better::Higher, |r| Some(r.decode.tokens_per_sec.samples.clone())),
+        Metric::speed("prefill.tokens_per_sec", Better::Higher, |r| Some(r.prefill.tokens_per_sec.samples.clone())),
+        Metric::speed("prefill.ttft_ms", Better::Lower, |r| Some(r.prefill.ttft_ms.samples.clone())),
+        Metric::speed("decode.latency_ms", Better::Lower, |r| Some(r.decode.latency_ms.samples.clone())),
+        Metric::speed(
+            "decode.roofline_fraction",
+            Better::Higher,
             // Each roofline pass's median (a pass per measured run; each step over the probe
             // taken right after it, so the samples stay comparable when the machine's
             // bandwidth moved between the two runs). A report with one pass (`step_fractions`
             // only) or none is one sample: a run's steps are not independent samples.
-            samples: |r| {
+            |r| {
                 Some(if !r.decode.pass_fractions.is_empty() {
                     r.decode.pass_fractions.clone()
                 } else if !r.decode.step_fractions.is_empty() {
@@ -72,35 +82,49 @@ pub fn metrics() -> Vec<Metric> {
                     vec![r.decode.roofline_fraction]
                 })
             },
-        },
-        Metric {
-            name: "decode.compute_fraction",
-            better: Better::Higher,
+        ),
+        Metric::speed(
+            "decode.compute_fraction",
+            Better::Higher,
             // Each run's decode speed over its report's own int8 peak (the fraction's median
             // scales every run's tokens/s by the same multiply-adds ÷ batch ÷ peak), so the
             // samples stay comparable when the core's clock moved between the two runs.
-            samples: |r| {
+            |r| {
                 let f = r.decode.compute_fraction?;
                 let median = r.decode.tokens_per_sec.median;
                 (median > 0.0).then(|| r.decode.tokens_per_sec.samples.iter().map(|t| t / median * f).collect())
             },
-        },
-        Metric {
-            name: "memory.kv_cache_bytes",
-            better: Better::Lower,
-            samples: |r| Some(vec![r.memory.kv_cache_bytes as f64]),
-        },
-        Metric {
-            name: "memory.peak_rss_bytes",
-            better: Better::Lower,
-            samples: |r| r.memory.peak_rss_bytes.map(|b| vec![b as f64]),
-        },
+        ),
+        Metric::speed("memory.kv_cache_bytes", Better::Lower, |r| Some(vec![r.memory.kv_cache_bytes as f64])),
+        Metric::speed("memory.peak_rss_bytes", Better::Lower, |r| r.memory.peak_rss_bytes.map(|b| vec![b as f64])),
         Metric {
             name: "quality.kl_divergence",
             better: Better::Lower,
             samples: |r| r.quality.as_ref().map(|q| vec![q.kl_divergence]),
+            own_threshold: Some(KL_THRESHOLD),
+            floor: KL_FLOOR,
+            quality: true,
+        },
+        Metric {
+            name: "quality.perplexity",
+            better: Better::Lower,
+            samples: |r| r.quality.as_ref().and_then(|q| q.perplexity).map(|p| vec![p]),
+            own_threshold: Some(PERPLEXITY_THRESHOLD),
+            floor: 0.0,
+            quality: true,
         },
     ]
+}
+
+/// The metrics compared without `--metrics`: [`DEFAULT_METRICS`], and the quality metrics
+/// where both reports measured quality on real text.
+pub fn default_metrics(base: &Report, new: &Report) -> Vec<String> {
+    let mut m: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
+    let real = |r: &Report| r.results.iter().any(|x| x.quality.as_ref().is_some_and(|q| q.is_real()));
+    if real(base) && real(new) {
+        m.extend(["quality.kl_divergence".to_string(), "quality.perplexity".to_string()]);
+    }
+    m
 }
 
 /// Metrics compared when `--metrics` is not given: the per-run throughputs and TTFT (decode
@@ -541,7 +565,21 @@ pub fn compare(
         let cfg = &n.config;
         let mut ms = Vec::new();
         for m in &chosen {
-            let (sb, sn) = ((m.samples)(b).unwrap_or_default(), (m.samples)(n).unwrap_or_default());
+            if m.quality {
+                let real = |r: &BenchResult| r.quality.as_ref().map(|q| q.is_real());
+                if let (Some(rb), Some(rn)) = (real(b), real(n)) {
+                    if !(rb && rn) {
+                        not_compared.push(format!(
+                            "{cfg} {}: measured on synthetic tokens or weights in {}, which estimate no model's quality: not gated",
+                            m.name,
+                            if !rb && !rn { "both reports" } else if !rb { "the base" } else { "the new report" }
+                        ));
+                        continue;
+                    }
+                }
+            }
+            let at_floor = |s: Vec<f64>| s.into_iter().map(|v| v.max(m.floor)).collect::<Vec<_>>();
+            let (sb, sn) = (at_floor((m.samples)(b).unwrap_or_default()), at_floor((m.samples)(n).unwrap_or_default()));
             let unusable = |s: &[f64]| s.is_empty() || s.iter().any(|v| !(v.is_finite() && *v > 0.0));
             if unusable(&sb) || unusable(&sn) {
                 // Zero, negative or missing values (e.g. an imported report's roofline) cannot
@@ -554,7 +592,8 @@ pub fn compare(
                 not_compared.push(format!("{cfg} {}: {which} no samples or samples that are not positive", m.name));
                 continue;
             }
-            let (d, lo, hi, p, mut verdict, mut note) = decide(&sb, &sn, m.better, threshold, seed);
+            let (d, lo, hi, p, mut verdict, mut note) =
+                decide(&sb, &sn, m.better, m.own_threshold.unwrap_or(threshold), seed);
             if m.name == "decode.roofline_fraction" && matches!(verdict, Verdict::Regression | Verdict::Improvement) {
                 if let Some(levels) = probe_levels_apart(b, n) {
                     verdict = Verdict::Inconclusive;

@@ -54,9 +54,10 @@ struct Cli {
     #[arg(long, default_value = "5%")]
     threshold: String,
     /// Metrics to compare (comma-separated); default decode.tokens_per_sec,
-    /// prefill.tokens_per_sec, prefill.ttft_ms; also decode.latency_ms,
-    /// decode.roofline_fraction, decode.compute_fraction, memory.kv_cache_bytes,
-    /// memory.peak_rss_bytes, quality.kl_divergence.
+    /// prefill.tokens_per_sec, prefill.ttft_ms, and quality.kl_divergence and
+    /// quality.perplexity where both reports measured quality on real text (with their own
+    /// thresholds: 10% and 1%); also decode.latency_ms, decode.roofline_fraction,
+    /// decode.compute_fraction, memory.kv_cache_bytes, memory.peak_rss_bytes.
     #[arg(long, value_delimiter = ',')]
     metrics: Vec<String>,
     #[arg(long, value_enum, default_value = "text")]
@@ -125,11 +126,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         ),
         _ => bail!("give BASE.json NEW.json, or --db FILE --base REV --head REV, or --db FILE --history"),
     };
-    let metrics: Vec<String> = if cli.metrics.is_empty() {
-        compare::DEFAULT_METRICS.iter().map(|s| s.to_string()).collect()
-    } else {
-        cli.metrics.clone()
-    };
+    let metrics: Vec<String> =
+        if cli.metrics.is_empty() { compare::default_metrics(&base, &new) } else { cli.metrics.clone() };
     let c = compare::compare(&base, &new, (&names.0, &names.1), &metrics, threshold, cli.seed)?;
     if cli.strict_env && !c.env_warnings.is_empty() {
         bail!("--strict-env: the reports were measured in different environments: {}", c.env_warnings.join("; "));

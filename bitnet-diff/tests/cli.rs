@@ -337,3 +337,61 @@ fn history_database_compares_commits_and_prints_a_trend() {
     assert_eq!(code, 2);
     assert!(err.contains("--db FILE --base REV --head REV"), "{err}");
 }
+
+/// Sets every result's quality: real-text figures (`Some(ppl)`) or synthetic ones.
+fn set_quality(v: &mut serde_json::Value, kl: f64, perplexity: Option<f64>) {
+    for r in v["results"].as_array_mut().unwrap() {
+        let mut q = serde_json::json!({"kl_divergence": kl, "top1_agreement": 0.97, "positions": 64});
+        match perplexity {
+            Some(p) => {
+                q["source"] = "text".into();
+                q["text"] = "t.txt (100 bytes, sha256 0123456789abcdef)".into();
+                q["perplexity_f32"] = p.into();
+                q["perplexity"] = p.into();
+            }
+            None => q["source"] = "synthetic".into(),
+        }
+        r["quality"] = q;
+    }
+}
+
+/// A model that got worse is a regression even when it is as fast: real-text quality is
+/// compared by default with its own thresholds; synthetic quality is never gated.
+#[test]
+fn quality_on_real_text_is_gated_and_synthetic_quality_is_not() {
+    let d = tmp("quality");
+    let base = edited(&d, "base.json", |v| set_quality(v, 0.010, Some(12.0)));
+    let same = edited(&d, "same.json", |v| set_quality(v, 0.0102, Some(12.05)));
+    let worse_ppl = edited(&d, "worse-ppl.json", |v| set_quality(v, 0.010, Some(12.3)));
+    let worse_kl = edited(&d, "worse-kl.json", |v| set_quality(v, 0.020, Some(12.0)));
+    let (code, out, err) = run(&[&base, &same]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("quality.perplexity") && out.contains("quality.kl_divergence"), "compared by default: {out}");
+    // +2.5% perplexity (over its 1% threshold, under --threshold's 5%) and 2× KL: regressions.
+    for worse in [&worse_ppl, &worse_kl] {
+        let (code, out, _) = run(&[&base, worse]);
+        assert_eq!(code, 1, "{worse}: {out}");
+    }
+    let (code, out, _) = run(&[&base, &worse_ppl, "--format", "json"]);
+    assert_eq!(code, 1);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let verdicts: Vec<&str> = j["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["metrics"].as_array().unwrap())
+        .filter(|m| m["metric"] == "quality.perplexity")
+        .map(|m| m["verdict"].as_str().unwrap())
+        .collect();
+    assert!(!verdicts.is_empty() && verdicts.iter().all(|v| *v == "regression"), "{verdicts:?}");
+    // Synthetic figures, even 10× worse: not gated, and said so.
+    let syn_base = edited(&d, "syn-base.json", |v| set_quality(v, 0.01, None));
+    let syn_worse = edited(&d, "syn-worse.json", |v| set_quality(v, 0.1, None));
+    let (code, out, _) = run(&[&syn_base, &syn_worse, "--metrics", "quality.kl_divergence"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("synthetic") && out.contains("not gated"), "{out}");
+    // A KL of 0 (a run against itself) against a positive one still compares.
+    let zero = edited(&d, "zero.json", |v| set_quality(v, 0.0, Some(12.0)));
+    let (code, out, _) = run(&[&zero, &worse_kl]);
+    assert_eq!(code, 1, "{out}");
+}

@@ -137,6 +137,10 @@ pub struct KvQuality {
     pub kl_max: f64,
     /// Fraction of positions whose most likely next token agrees with f32's.
     pub top1_agreement: f64,
+    /// Perplexity of the sequence's own next tokens (positions 0..n−1 each predicting the
+    /// token after it) with f32 KV, and with `precision`: meaningful when the tokens are text.
+    pub perplexity_f32: f64,
+    pub perplexity: f64,
 }
 
 /// Runs `tokens` with f32 KV and with `precision` and compares the next-token distributions
@@ -153,20 +157,35 @@ pub fn kv_quality(model: &Model, tokens: &[u32], precision: KvPrecision, threads
     let reference = run(KvPrecision::F32)?;
     let test = run(precision)?;
     let (mut kl_sum, mut kl_max, mut agree) = (0f64, 0f64, 0usize);
-    for (a, b) in reference.iter().zip(&test) {
+    let (mut nll_f32, mut nll) = (0f64, 0f64);
+    for (i, (a, b)) in reference.iter().zip(&test).enumerate() {
         let kl = kl_divergence(a, b);
         kl_sum += kl;
         kl_max = kl_max.max(kl);
         agree += usize::from(argmax(a) == argmax(b));
+        if let Some(next) = tokens.get(i + 1) {
+            nll_f32 -= log_softmax_at(a, *next as usize);
+            nll -= log_softmax_at(b, *next as usize);
+        }
     }
     let n = reference.len();
+    let scored = n.saturating_sub(1).max(1) as f64;
     Ok(KvQuality {
         precision,
         positions: n,
         kl_divergence: kl_sum / n as f64,
         kl_max,
         top1_agreement: agree as f64 / n as f64,
+        perplexity_f32: (nll_f32 / scored).exp(),
+        perplexity: (nll / scored).exp(),
     })
+}
+
+/// `ln softmax(logits)[i]`, in f64.
+pub fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = m + logits.iter().map(|x| (*x as f64 - m).exp()).sum::<f64>().ln();
+    logits[i] as f64 - lse
 }
 
 /// KL(softmax(p) ‖ softmax(q)) in nats.
