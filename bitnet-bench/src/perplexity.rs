@@ -514,6 +514,8 @@ struct KlAccum {
     dp: Vec<f64>,
     same_top: usize,
     nll_base: Vec<f64>,
+    /// This run's NLL from the f32-rounded log-prob, as the base's is stored.
+    nll_this: Vec<f64>,
     listed: Vec<bool>,
 }
 
@@ -560,6 +562,7 @@ impl KlAccum {
         self.kl.push(kl);
         self.dp.push(lp(logits[right as usize]).exp() - lpb_right.exp());
         self.nll_base.push(-lpb_right);
+        self.nll_this.push(-lp(logits[right as usize]));
         if argmax(logits) == base_top {
             self.same_top += 1;
         }
@@ -732,13 +735,13 @@ pub fn score(
     out.eval_seconds = t_all.elapsed().as_secs_f64();
     if let Kl::Ref(r, name) = &kl {
         if out.complete && !acc.kl.is_empty() {
-            out.kl = Some(kl_report(&mut acc, &r.header, name, out.nll_sum / out.tokens_scored as f64));
+            out.kl = Some(kl_report(&mut acc, &r.header, name));
         }
     }
     Ok(out)
 }
 
-fn kl_report(acc: &mut KlAccum, h: &KlHeader, name: &str, nll_mean: f64) -> KlReport {
+fn kl_report(acc: &mut KlAccum, h: &KlHeader, name: &str) -> KlReport {
     let n = acc.kl.len();
     let (kl_mean, kl_se) = mean_and_error(&acc.kl);
     let (dp_mean, dp_se) = mean_and_error(&acc.dp);
@@ -756,7 +759,8 @@ fn kl_report(acc: &mut KlAccum, h: &KlHeader, name: &str, nll_mean: f64) -> KlRe
         positions: n,
         base_perplexity: nll_b.exp(),
         base_standard_error: nll_b.exp() * nll_b_se,
-        ln_ppl_ratio: nll_mean - nll_b,
+        // Both sides from f32-rounded log-probs, so a run against its own base gives 0.
+        ln_ppl_ratio: acc.nll_this.iter().sum::<f64>() / n as f64 - nll_b,
         kl_mean,
         kl_standard_error: kl_se,
         kl_median: quantile(&sorted, 0.5),
