@@ -732,8 +732,9 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     let result = ppl::perplexity(&model, &tokens, add_bos, bos, &opts, kl, &stop, &mut |e| {
         let line = ppl::chunk_line(e, chunks);
         match &bar {
+            // On stdout as without a bar (b.println would put it on stderr).
             Some(b) => {
-                b.println(line);
+                b.suspend(|| println!("{line}"));
                 b.inc(1);
             }
             None => println!("{line}"),
