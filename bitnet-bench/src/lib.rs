@@ -5,7 +5,8 @@
 //! - [`output`]: table, Markdown, CSV; [`plots`]: SVG charts and an offline HTML page;
 //! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
 //! - [`history`]: the SQLite run history (`--db`);
-//! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`.
+//! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`;
+//! - [`perplexity`]: llama-perplexity's method and KL divergence against a saved base.
 
 pub mod history;
 pub mod import;
@@ -13,6 +14,7 @@ pub mod kernel_sweep;
 pub mod listarg;
 pub mod model_cmds;
 pub mod output;
+pub mod perplexity;
 pub mod pipes;
 pub mod plots;
 pub mod report;

@@ -29,6 +29,14 @@ pub fn load_tokenizer(path: &Path) -> Result<crate::tokenizer::Tokenizer> {
     with_parsed(path, crate::tokenizer::Tokenizer::from_gguf)
 }
 
+/// The hyperparameters in `path`'s metadata, without loading the weights.
+pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
+    with_parsed(path, |parsed| {
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        load::config_from_gguf(parsed, &stem)
+    })
+}
+
 /// Maps and parses `path`, then runs `f` on it; errors from either name the file.
 fn with_parsed<T>(path: &Path, f: impl FnOnce(&GgufFile<'_>) -> Result<T>) -> Result<T> {
     let ctx = |e: Error| Error::Format(format!("{}: {e}", path.display()));
