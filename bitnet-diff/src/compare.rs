@@ -534,6 +534,32 @@ pub fn compare(
     threshold: f64,
     seed: u64,
 ) -> Result<Comparison> {
+    compare_with(base, new, names, metric_names, threshold, QualityThresholds::default(), seed)
+}
+
+/// The quality metrics' own thresholds (`--ppl-threshold`, `--kl-threshold`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QualityThresholds {
+    pub perplexity: f64,
+    pub kl: f64,
+}
+
+impl Default for QualityThresholds {
+    fn default() -> Self {
+        QualityThresholds { perplexity: PERPLEXITY_THRESHOLD, kl: KL_THRESHOLD }
+    }
+}
+
+/// [`compare`] with the quality metrics' thresholds given.
+pub fn compare_with(
+    base: &Report,
+    new: &Report,
+    names: (&str, &str),
+    metric_names: &[String],
+    threshold: f64,
+    quality: QualityThresholds,
+    seed: u64,
+) -> Result<Comparison> {
     if !(threshold > 0.0 && threshold < 1.0) {
         bail!("--threshold must be between 0% and 100% (exclusive)");
     }
@@ -592,8 +618,12 @@ pub fn compare(
                 not_compared.push(format!("{cfg} {}: {which} no samples or samples that are not positive", m.name));
                 continue;
             }
-            let (d, lo, hi, p, mut verdict, mut note) =
-                decide(&sb, &sn, m.better, m.own_threshold.unwrap_or(threshold), seed);
+            let own = match m.name {
+                "quality.perplexity" => Some(quality.perplexity),
+                "quality.kl_divergence" => Some(quality.kl),
+                _ => m.own_threshold,
+            };
+            let (d, lo, hi, p, mut verdict, mut note) = decide(&sb, &sn, m.better, own.unwrap_or(threshold), seed);
             if m.name == "decode.roofline_fraction" && matches!(verdict, Verdict::Regression | Verdict::Improvement) {
                 if let Some(levels) = probe_levels_apart(b, n) {
                     verdict = Verdict::Inconclusive;

@@ -5,6 +5,7 @@
 //! - [`render`]: text, Markdown and JSON.
 
 pub mod compare;
+pub mod perplexity;
 pub mod render;
 pub mod stats;
 

@@ -50,9 +50,15 @@ struct Cli {
     /// With --history: also draw the trend as an SVG chart.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Smallest change that matters, e.g. 5% or 0.05.
+    /// Smallest change that matters, e.g. 5% or 0.05 (speed and memory metrics).
     #[arg(long, default_value = "5%")]
     threshold: String,
+    /// Smallest perplexity rise (and top-token agreement drop) that is a regression.
+    #[arg(long = "ppl-threshold", default_value = "1%")]
+    ppl_threshold: String,
+    /// Smallest KL divergence rise that is a regression (relative).
+    #[arg(long = "kl-threshold", default_value = "10%")]
+    kl_threshold: String,
     /// Metrics to compare (comma-separated); default decode.tokens_per_sec,
     /// prefill.tokens_per_sec, prefill.ttft_ms, and quality.kl_divergence and
     /// quality.perplexity where both reports measured quality on real text (with their own
@@ -77,14 +83,18 @@ struct Cli {
 }
 
 fn parse_threshold(s: &str) -> Result<f64> {
+    parse_threshold_of("--threshold", s)
+}
+
+fn parse_threshold_of(flag: &str, s: &str) -> Result<f64> {
     let t = s.trim();
     let v = match t.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
         None => t.parse::<f64>(),
     }
-    .with_context(|| format!("--threshold {s}: expected a percentage like 5% or a fraction like 0.05"))?;
+    .with_context(|| format!("{flag} {s}: expected a percentage like 5% or a fraction like 0.05"))?;
     if !(v > 0.0 && v < 1.0) {
-        bail!("--threshold {s}: must be above 0% and below 100%");
+        bail!("{flag} {s}: must be above 0% and below 100%");
     }
     Ok(v)
 }
@@ -109,6 +119,15 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     let threshold = parse_threshold(&cli.threshold)?;
+    let quality = compare::QualityThresholds {
+        perplexity: parse_threshold_of("--ppl-threshold", &cli.ppl_threshold)?,
+        kl: parse_threshold_of("--kl-threshold", &cli.kl_threshold)?,
+    };
+    if let (None, Some(b), Some(n)) = (&cli.db, &cli.base, &cli.new) {
+        if let Some(code) = perplexity_diff(&cli, b, n, quality)? {
+            return Ok(code);
+        }
+    }
     if cli.history {
         let db = cli.db.as_ref().context("--history needs --db FILE")?;
         return history(db, &cli.metric, cli.plot.as_deref());
@@ -128,7 +147,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     };
     let metrics: Vec<String> =
         if cli.metrics.is_empty() { compare::default_metrics(&base, &new) } else { cli.metrics.clone() };
-    let c = compare::compare(&base, &new, (&names.0, &names.1), &metrics, threshold, cli.seed)?;
+    let c = compare::compare_with(&base, &new, (&names.0, &names.1), &metrics, threshold, quality, cli.seed)?;
     if cli.strict_env && !c.env_warnings.is_empty() {
         bail!("--strict-env: the reports were measured in different environments: {}", c.env_warnings.join("; "));
     }
@@ -155,6 +174,49 @@ fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Two `bitnet-bench perplexity --json` files: compared as such (exit 1 on a regression).
+/// `None` when they are sweep reports; an error when only one of them is a perplexity result.
+fn perplexity_diff(
+    cli: &Cli,
+    b: &std::path::Path,
+    n: &std::path::Path,
+    quality: compare::QualityThresholds,
+) -> Result<Option<ExitCode>> {
+    use bitnet_diff::perplexity as ppl;
+    let kind = |p: &std::path::Path| -> Result<bool> {
+        let text = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read", p.display()))?;
+        Ok(serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| ppl::is_perplexity_json(&v)))
+    };
+    match (kind(b)?, kind(n)?) {
+        (false, false) => return Ok(None),
+        (true, true) => {}
+        (x, _) => bail!(
+            "{} is a perplexity result and {} a sweep report: compare two of a kind",
+            if x { b.display() } else { n.display() },
+            if x { n.display() } else { b.display() }
+        ),
+    }
+    let (base, new) = (ppl::load(b)?, ppl::load(n)?);
+    let c = ppl::compare(
+        &base,
+        &new,
+        (&b.display().to_string(), &n.display().to_string()),
+        quality.perplexity,
+        quality.kl,
+    )?;
+    let text = match cli.format {
+        Format::Json => ppl::json(&c),
+        Format::Text | Format::Markdown => ppl::markdown(&c),
+    };
+    match &cli.output {
+        Some(p) => bitnet_bench::report::write_atomic(p, text.as_bytes())
+            .with_context(|| format!("--output {}", p.display()))?,
+        None => print!("{text}"),
+    }
+    let fail = cli.fail_on == FailOn::Regression && (c.regressions > 0 || !new.complete);
+    Ok(Some(if fail { ExitCode::from(1) } else { ExitCode::SUCCESS }))
 }
 
 /// Prints the trend of `metric` (its median) over the stored runs, one line per run and
