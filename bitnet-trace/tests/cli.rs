@@ -249,3 +249,22 @@ fn a_trace_into_an_earlier_traces_directory_leaves_none_of_its_files_behind() {
     let _ = std::fs::remove_dir_all(&user);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn the_summary_says_which_ffn_activation_ran_and_why() {
+    let out = tmp("activation");
+    let o = out.to_str().unwrap();
+    let base = ["--model", "tiny", "--context-length", "4", "--tokens", "2", "--no-counters", "--level", "aggregate"];
+    let (code, stdout, err) = run(&[&base[..], &["--out", o]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("relu2 FFN from preset"), "{stdout}");
+    let (code, stdout, err) = run(&[&base[..], &["--ffn-activation", "silu", "--out", o]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("silu FFN from --ffn-activation"), "{stdout}");
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        (summary["run"]["ffn_activation"].as_str(), summary["run"]["ffn_activation_source"].as_str()),
+        (Some("silu"), Some("--ffn-activation"))
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
