@@ -795,17 +795,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     };
     let opts =
         PerplexityOptions { ctx: a.ctx, chunks: Some(chunks), batch, threads, kv: a.kv, kernel, kl_top_k: a.kl_top_k };
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = Arc::clone(&stop);
-        let _ = ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-            INTERRUPTED.store(true, Ordering::SeqCst);
-            eprintln!("\nbitnet-bench: interrupted: reporting the chunks scored so far");
-        });
-    }
+    let stop = stop_on_ctrl_c("reporting the chunks scored so far");
     eprintln!(
         "bitnet-bench perplexity: {} tokens, {chunks} of {available} chunks × ctx {}, batch {batch}, kv {}, {threads} threads",
         tokens.len(),
@@ -870,6 +860,20 @@ fn names(k: &[Kernel]) -> String {
 
 /// Set by Ctrl-C: the sweep stops after the run in progress and writes what finished.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// A flag Ctrl-C sets (saying `what` happens next); a second Ctrl-C ends the process at once.
+fn stop_on_ctrl_c(what: &'static str) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        INTERRUPTED.store(true, Ordering::SeqCst);
+        eprintln!("\nbitnet-bench: interrupted: {what}");
+    });
+    stop
+}
 
 fn model_sweep(a: SweepArgs) -> Result<()> {
     let mut spec = SweepSpec::default();
@@ -963,20 +967,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
             eprintln!("bitnet-bench: --counters: {note}");
         }
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = Arc::clone(&stop);
-        // A second Ctrl-C ends the process at once.
-        let _ = ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-            INTERRUPTED.store(true, Ordering::SeqCst);
-            eprintln!(
-                "\nbitnet-bench: interrupted: finishing the run in progress, then writing the finished combinations"
-            );
-        });
-    }
+    let stop = stop_on_ctrl_c("finishing the run in progress, then writing the finished combinations");
     let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(

@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::pretokenize::PreTokenizer;
-use super::Vocab;
+use super::{Symbol, Vocab};
 use crate::error::{Error, Result};
 
 /// GPT-2's reversible mapping of the 256 byte values to printable characters: bytes that are
@@ -36,15 +36,6 @@ pub(crate) struct Bpe {
     ignore_merges: bool,
     byte_char: [char; 256],
     char_byte: HashMap<char, u8>,
-}
-
-/// One symbol of a word being merged: a byte range of the encoded word, linked to its neighbours.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
 }
 
 impl Bpe {

@@ -18,6 +18,16 @@ use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, Value};
 use special::Fragment;
 
+/// One symbol of a piece being merged (BPE and SPM alike): a byte range of the piece, linked to
+/// its neighbours, so a merge is O(1) and merged symbols drop out of the list.
+#[derive(Clone, Copy)]
+struct Symbol {
+    start: usize,
+    len: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
 /// llama.cpp's token attributes (`llama_token_attr`), from `tokenizer.ggml.token_type`.
 pub(crate) mod attr {
     pub const UNKNOWN: u16 = 1 << 0;

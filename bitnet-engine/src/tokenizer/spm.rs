@@ -4,7 +4,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::Vocab;
+use super::{Symbol, Vocab};
 
 /// A pair of adjacent symbols whose concatenation is a token.
 struct Bigram {
@@ -32,14 +32,6 @@ impl PartialEq for Bigram {
     }
 }
 impl Eq for Bigram {}
-
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
 
 /// Appends the tokens of `text`, whose spaces the caller has already replaced by '▁'.
 pub(crate) fn encode(vocab: &Vocab, unk: Option<u32>, text: &str, out: &mut Vec<u32>) {
