@@ -1,10 +1,10 @@
 //! Tokenizers read from GGUF metadata, giving the token ids llama.cpp gives.
 //!
-//! - `tokenizer.ggml.model` "gpt2": byte-level BPE ([`bpe`]) after the pre-tokenizer named by
-//!   `tokenizer.ggml.pre` ([`pretokenize`]; llama.cpp's "default" list when the key is absent).
-//! - "llama": SentencePiece-style merges by score with byte fallback ([`spm`]).
+//! - `tokenizer.ggml.model` "gpt2": byte-level BPE (`bpe`) after the pre-tokenizer named by
+//!   `tokenizer.ggml.pre` (`pretokenize`; llama.cpp's "default" list when the key is absent).
+//! - "llama": SentencePiece-style merges by score with byte fallback (`spm`).
 //!
-//! Special tokens are matched before either ([`special`]). Defaults for absent keys (BOS/EOS ids,
+//! Special tokens are matched before either (`special`). Defaults for absent keys (BOS/EOS ids,
 //! `add_bos`, `add_space_prefix`) are llama.cpp's, which differ between the two models.
 
 mod bpe;
