@@ -49,7 +49,7 @@ def main():
     import model as M
     from tokenizer import encode_ids
 
-    with open(a.text, encoding="utf-8") as f:
+    with open(a.text, encoding="utf-8", newline="") as f:
         ids = encode_ids(a.tokenizer, f.read())[: a.tokens]
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = M.Config.from_dict(json.load(f))

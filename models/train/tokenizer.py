@@ -77,10 +77,13 @@ def add_tokenizer_metadata(w, tokenizer_json):
 
 
 def encode_ids(tokenizer_json, text):
-    """Ids as llama.cpp's llama_tokenize(text, add_special=True): BOS, then the text's BPE ids."""
+    """Ids as llama.cpp's llama_tokenize(text, add_special=True, parse_special=False): BOS, then the text's BPE ids."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_json)
+    # Special-token text in the input is plain text, as in llama_tokenize(..., parse_special=False)
+    # (what llama-perplexity and bitnet-bench perplexity do).
+    tok.encode_special_tokens = True
     return [tok.token_to_id(BOS)] + tok.encode(text, add_special_tokens=False).ids
 
 
@@ -113,7 +116,7 @@ def main():
         w.close()
         print(a.out)
     else:
-        with open(a.file, encoding="utf-8") as f:
+        with open(a.file, encoding="utf-8", newline="") as f:
             print(json.dumps(encode_ids(a.tokenizer, f.read())))
 
 

@@ -35,9 +35,10 @@ def token_stream(tokenizer_json, text_path, cache):
         return np.load(cache)
     from tokenizers import Tokenizer
 
-    with open(text_path, encoding="utf-8") as f:
-        ids = np.asarray(Tokenizer.from_file(tokenizer_json).encode(f.read(), add_special_tokens=False).ids,
-                         np.int32)
+    tok = Tokenizer.from_file(tokenizer_json)
+    tok.encode_special_tokens = True  # special-token text is plain text (parse_special=False)
+    with open(text_path, encoding="utf-8", newline="") as f:
+        ids = np.asarray(tok.encode(f.read(), add_special_tokens=False).ids, np.int32)
     np.save(cache, ids)
     return ids
 
