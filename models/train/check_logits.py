@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(HERE, "out/model"), help="train.py's --out")
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "out/tokenizer.json"))
     ap.add_argument("--text", default=os.path.join(HERE, "data/heldout.txt"))
-    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=255, help="at most the context length - 1")
     ap.add_argument("--bench", default="/work/tok-target/release/bitnet-bench")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tolerance", type=float, default=1e-2)
@@ -49,10 +49,11 @@ def main():
     import model as M
     from tokenizer import encode_ids
 
-    with open(a.text, encoding="utf-8", newline="") as f:
-        ids = encode_ids(a.tokenizer, f.read())[: a.tokens]
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = M.Config.from_dict(json.load(f))
+    # The engine generates one token after them, within the context length.
+    with open(a.text, encoding="utf-8", newline="") as f:
+        ids = encode_ids(a.tokenizer, f.read())[: min(a.tokens, cfg.context - 1)]
     params = {k: jnp.asarray(v) for k, v in np.load(os.path.join(a.model, "params.npz")).items()}
     ours = np.asarray(M.forward(params, jnp.asarray([ids], jnp.int32), cfg)[0], np.float64)
 

@@ -89,7 +89,7 @@ def export(params, cfg, tokenizer_json, fmt, out, arch=None, name=None):
             # Each block's scale is its absmax: s itself (an f16 value), or 0 for an all-zero block.
             back = gguf.quants.dequantize(data, qt).reshape(rows, cols)
             assert np.array_equal(back, vals.astype(np.float32) * s), f"{n}: {fmt} does not hold the weights exactly"
-            w.add_tensor(n, data, raw_shape=(rows, cols), raw_dtype=qt)
+            w.add_tensor(n, data, raw_dtype=qt)  # uint8 [rows, row bytes]: gguf-py derives [rows, cols]
 
     w.add_tensor("token_embd.weight", np.ascontiguousarray(params["token_embd"], np.float16))
     for l in range(cfg["layers"]):
