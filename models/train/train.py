@@ -59,10 +59,10 @@ def main():
 
     d = M.Config()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1234)
     for f in dataclasses.fields(M.Config):
@@ -72,9 +72,9 @@ def main():
     ap.add_argument("--train-text", default=os.path.join(HERE, "data/train.txt"))
     ap.add_argument("--heldout-text", default=os.path.join(HERE, "data/heldout.txt"))
     ap.add_argument("--out", default=os.path.join(HERE, "out/model"))
-    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-rows", type=int, default=32, help="held-out rows per evaluation")
-    ap.add_argument("--ckpt-every", type=int, default=500)
+    ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
 
