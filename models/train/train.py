@@ -4,8 +4,9 @@
 Each training row is BOS followed by --context tokens of the training text from a random offset
 (the whole text is one token stream), as llama-perplexity scores a chunk: BOS in place of the
 chunk's first token. AdamW (betas 0.9/0.95, weight decay on the matrices only), linear warm-up then
-cosine decay to a tenth, gradient clipping at 1. Seeded: the defaults reproduce the committed model
-on the same JAX version and CPU kind (XLA's CPU reductions are deterministic for a given build).
+cosine decay to a tenth, gradient clipping at 1. Seeded (weights and batches): the defaults are meant
+to reproduce the committed model on the same JAX version and CPU kind; that two runs give identical
+params.npz is not verified yet.
 
     python3 train.py                      # the full run (the defaults)
     python3 train.py --steps 200 --out out/smoke --layers 2 --hidden 256 --ffn 512   # a smoke run
