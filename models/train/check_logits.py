@@ -5,7 +5,7 @@ embedding rows — there is no separate train mode, the straight-through estimat
 gradients) with the logits `bitnet-bench run --logits-out` writes for the same tokens of an
 exported GGUF file.
 
-    python3 check_logits.py --gguf out/model/m-tq2_0.gguf --bench /work/tok-target/release/bitnet-bench
+    python3 check_logits.py --gguf out/model/m-tq2_0.gguf --bench target/release/bitnet-bench
 
 Tokens: BOS and the first --tokens - 1 tokens of the held-out text. The engine runs with
 --kv f32 so that no KV-cache rounding enters. Prints max |diff|, that over max |logit|, the
@@ -14,6 +14,7 @@ exits 1 when max |diff| / max |logit| exceeds --tolerance.
 """
 
 import argparse
+from pathlib import Path
 import json
 import os
 import subprocess
@@ -21,6 +22,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+# The workspace's release build (`cargo build --release -p bitnet-bench` at the repository root).
+DEFAULT_BENCH = Path(__file__).resolve().parents[2] / "target" / "release" / "bitnet-bench"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -39,7 +43,7 @@ def main():
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "out/tokenizer.json"))
     ap.add_argument("--text", default=os.path.join(HERE, "data/heldout.txt"))
     ap.add_argument("--tokens", type=int, default=255, help="at most the context length - 1")
-    ap.add_argument("--bench", default="/work/tok-target/release/bitnet-bench")
+    ap.add_argument("--bench", default=str(DEFAULT_BENCH))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tolerance", type=float, default=1e-2)
     a = ap.parse_args()

@@ -9,10 +9,14 @@ the first position and the pieces around it. Exits 1 unless every file agrees.
 """
 
 import argparse
+from pathlib import Path
 import json
 import os
 import subprocess
 import sys
+
+# The workspace's release build (`cargo build --release -p bitnet-bench` at the repository root).
+DEFAULT_BENCH = Path(__file__).resolve().parents[2] / "target" / "release" / "bitnet-bench"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -23,7 +27,7 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--gguf", default=os.path.join(HERE, "out/vocab-only.gguf"))
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "out/tokenizer.json"))
-    ap.add_argument("--bench", default="/work/tok-target/release/bitnet-bench")
+    ap.add_argument("--bench", default=str(DEFAULT_BENCH))
     a = ap.parse_args()
     from tokenizers import Tokenizer
 
