@@ -40,7 +40,7 @@ pub fn process_cpu_ns() -> Option<u64> {
     Some(total)
 }
 
-/// What the sampler saw.
+/// What the sampler saw (`functions` fragments may join alternatives with `|`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub samples: u64,
@@ -73,7 +73,8 @@ pub fn finish(sampler: Sampler, dir: &Path, functions: &[&str]) -> Result<Sample
         total += count;
         let names: Vec<String> = frames.frames.iter().flatten().map(|s| s.name()).collect();
         for (f, h) in functions.iter().zip(hits.iter_mut()) {
-            if names.iter().any(|n| n.contains(f)) {
+            // `a|b`: a sample with either function on its stack, counted once.
+            if names.iter().any(|n| f.split('|').any(|part| n.contains(part))) {
                 *h += count;
             }
         }
