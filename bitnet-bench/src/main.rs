@@ -402,7 +402,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Tokenize(a)) => {
             let text = match (&a.prompt, &a.file) {
                 (Some(p), _) => p.clone(),
-                (None, Some(f)) => read_text(f, "--file")?,
+                (None, Some(f)) => model_cmds::read_text(f, "--file")?,
                 (None, None) => unreachable!("clap requires one"),
             };
             let tok = model_cmds::tokenizer(&a.model)?;
@@ -549,18 +549,6 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// A UTF-8 text file given by `flag`.
-fn read_text(path: &std::path::Path, flag: &str) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))?;
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{flag} {}: not UTF-8 text (invalid byte at offset {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
-}
-
 fn run_model(a: RunCmd) -> Result<()> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 {
@@ -589,7 +577,7 @@ fn run_model(a: RunCmd) -> Result<()> {
     }
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
-        (None, Some(f)) => Some(read_text(f, "--prompt-file")?),
+        (None, Some(f)) => Some(model_cmds::read_text(f, "--prompt-file")?),
         (None, None) => None,
     };
     // A text prompt: its ids, and the tokenizer to stream the answer with.
@@ -712,9 +700,8 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             model_cmds::check_writable(p).with_context(|| flag.to_string())?;
         }
     }
-    let text_bytes = std::fs::read(&a.text).with_context(|| format!("--text {}: cannot read", a.text.display()))?;
-    let text = std::str::from_utf8(&text_bytes)
-        .map_err(|e| anyhow::anyhow!("--text {}: not UTF-8 ({e})", a.text.display()))?;
+    let text = &model_cmds::read_text(&a.text, "--text")?;
+    let text_bytes = text.as_bytes();
     let path = match model_cmds::resolve(&a.model)? {
         model_cmds::ModelSource::Gguf(p) => p,
         model_cmds::ModelSource::Preset(_) => anyhow::bail!(
@@ -846,7 +833,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     result.model.file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
     result.text.file = name(&a.text);
     result.text.bytes = text_bytes.len() as u64;
-    result.text.sha256 = sha2::Sha256::digest(&text_bytes).iter().map(|b| format!("{b:02x}")).collect();
+    result.text.sha256 = sha2::Sha256::digest(text_bytes).iter().map(|b| format!("{b:02x}")).collect();
     print!("{}", ppl::summary(&result));
     if let Some(p) = &a.json {
         model_cmds::write_atomic(p, (serde_json::to_string_pretty(&result)? + "\n").as_bytes())?;

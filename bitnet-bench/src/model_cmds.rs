@@ -45,6 +45,18 @@ pub fn tokenizer(model: &str) -> Result<Tokenizer> {
     }
 }
 
+/// A UTF-8 text file given by `flag` (`--file`, `--prompt-file`, `--text`, `--quality-text`).
+pub fn read_text(path: &Path, flag: &str) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{flag} {}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// What `tokenize` prints: one line per token (`id -> 'piece'`, as llama-tokenize does), or
 /// with `ids_only` the ids as one JSON list.
 pub fn tokenize_listing(tok: &Tokenizer, ids: &[u32], ids_only: bool) -> String {

@@ -511,19 +511,13 @@ pub fn summarize(
 /// SHA-256, so two reports say whether they measured the same text.
 pub fn quality_tokens(tok: &bitnet_engine::tokenizer::Tokenizer, path: &std::path::Path) -> Result<(Vec<u32>, String)> {
     use sha2::Digest;
-    let bytes = std::fs::read(path).with_context(|| format!("--quality-text {}: cannot read", path.display()))?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "--quality-text {}: not UTF-8 text (invalid byte at offset {})",
-            path.display(),
-            e.valid_up_to()
-        )
-    })?;
-    let tokens = tok.encode(text, true, false);
+    let text = crate::model_cmds::read_text(path, "--quality-text")?;
+    let bytes = text.as_bytes();
+    let tokens = tok.encode(&text, true, false);
     if tokens.len() < 2 {
         bail!("--quality-text {}: {} token(s); the measurement needs at least 2", path.display(), tokens.len());
     }
-    let sha: String = sha2::Sha256::digest(&bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let sha: String = sha2::Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     Ok((tokens, format!("{name} ({} bytes, sha256 {sha})", bytes.len())))
 }

@@ -67,16 +67,8 @@ fn model_line(r: &PerplexityResult) -> String {
 fn row(metric: &'static str, better: Better, base: f64, new: f64, errs: (Option<f64>, Option<f64>), t: f64) -> Row {
     let floor = if metric.starts_with("kl") { KL_FLOOR } else { 0.0 };
     let (b, n) = (base.max(floor), new.max(floor));
-    let d = (n / b).ln();
-    let g = if better == Better::Higher { d } else { -d };
-    let tau = (1.0 + t).ln();
-    let verdict = if g < -tau {
-        Verdict::Regression
-    } else if g > tau {
-        Verdict::Improvement
-    } else {
-        Verdict::Unchanged
-    };
+    // One value a side, deterministic: `decide`'s plain threshold on the log ratio.
+    let (d, _, _, _, verdict, _) = crate::compare::decide(&[b], &[n], better, t, 0);
     Row {
         metric,
         better,
