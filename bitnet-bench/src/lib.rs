@@ -6,7 +6,8 @@
 //! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
 //! - [`history`]: the SQLite run history (`--db`);
 //! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`;
-//! - [`perplexity`]: llama-perplexity's method and KL divergence against a saved base.
+//! - [`perplexity`]: llama-perplexity's method and KL divergence against a saved base;
+//! - [`trained`]: where the committed trained model and its held-out text are.
 
 pub mod history;
 pub mod import;
@@ -21,3 +22,4 @@ pub mod report;
 pub mod stats;
 pub mod sweep;
 pub mod system;
+pub mod trained;

@@ -89,14 +89,18 @@ struct SweepArgs {
     /// Performance counters of that extra run.
     #[arg(long)]
     counters: bool,
-    /// Positions of the KV quality measurement (0: none).
+    /// Positions of the KV quality measurement (0: none; at most the measuring model's context).
     #[arg(long = "quality-positions")]
     quality_positions: Option<usize>,
     /// Measure each KV precision's quality (KL divergence, top-1 agreement and perplexity
-    /// against f32 KV) on this text with the model's tokenizer; without it the figures come
-    /// from random token ids and are marked `synthetic`.
+    /// against f32 KV) on this text with the measuring model's tokenizer. Without it, a preset
+    /// is measured on the committed trained model (models/) and its held-out text, and a GGUF
+    /// model on random token ids (marked `synthetic`).
     #[arg(long = "quality-text", value_name = "FILE")]
     quality_text: Option<PathBuf>,
+    /// Measure quality on this GGUF model (with --quality-text) instead of the swept one.
+    #[arg(long = "quality-model", value_name = "GGUF")]
+    quality_model: Option<PathBuf>,
     /// A fast smoke sweep (1 batch size, 1 short context, 2 precisions, 4 tokens, small probe).
     #[arg(long)]
     quick: bool,
@@ -914,6 +918,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         spec.quality_positions = v;
     }
     spec.quality_text = a.quality_text;
+    spec.quality_model = a.quality_model;
     spec.trace = a.trace;
     spec.counters = a.counters;
     spec.pin = a.pin;

@@ -69,7 +69,7 @@ fn row(r: &BenchResult) -> [String; 17] {
 pub fn header(r: &Report) -> String {
     let s = &r.system;
     format!(
-        "{} ({}{}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}{}){}; {} warm-up + {} runs × {} new tokens{}{}",
+        "{} ({}{}, {:.0} MiB of weights{}, {}) on {}{} cores / {} CPUs); read bandwidth {:.1} GB/s ({} threads{}{}){}; {} warm-up + {} runs × {} new tokens{}{}{}",
         r.model.name,
         r.model.weight_format,
         match (&r.model.ffn_activation, &r.model.ffn_activation_source) {
@@ -97,8 +97,23 @@ pub fn header(r: &Report) -> String {
         r.settings.warmup,
         r.settings.repeat,
         r.settings.max_new_tokens,
+        quality_note(r),
         if s.huge_pages_requested == Some(false) { "; no huge pages (BITNET_HUGE_PAGES=0)" } else { "" },
         if r.complete { "" } else { " — INCOMPLETE (interrupted)" }
+    )
+}
+
+/// What the quality columns were measured on, when on real text: `; KV quality on
+/// rustdocs-heldout.txt (72788 bytes, sha256 …), 256 positions, model rustdocs-bitnet-i2_s.gguf`.
+fn quality_note(r: &Report) -> String {
+    let Some(q) = r.results.iter().filter_map(|x| x.quality.as_ref()).find(|q| q.is_real()) else {
+        return String::new();
+    };
+    format!(
+        "; KV quality on {}, {} positions{}",
+        q.text.as_deref().unwrap_or("text"),
+        q.positions,
+        q.model.as_ref().map_or(String::new(), |m| format!(", model {m}"))
     )
 }
 
@@ -234,7 +249,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 /// this build's where an older report does not say).
 fn legend(r: &Report) -> String {
     format!(
-        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV on real text (--quality-text; perplexities in the JSON and CSV), or `synthetic` where measured on random token ids or weights, which estimate no model's quality.",
+        "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV on real text (the header says which text and model: --quality-text, or for a preset the committed trained model's held-out text; perplexities in the JSON and CSV), or `synthetic` where measured on random token ids or weights, which estimate no model's quality.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
     ) + &above_probe_note(r)
 }

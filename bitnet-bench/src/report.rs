@@ -367,14 +367,19 @@ pub struct Quality {
     pub kl_divergence: f64,
     /// Fraction of positions whose most likely next token matches f32 KV's.
     pub top1_agreement: f64,
-    /// Positions compared (a teacher-forced prompt).
+    /// Positions compared (a teacher-forced prompt; at most the measuring model's context).
     pub positions: usize,
     /// What the figures were measured on: `text` (a real model's own tokenizer on
-    /// `--quality-text`), or `synthetic` (random token ids, or a preset's random weights):
+    /// `--quality-text`, or on the committed trained model's held-out text for a preset's
+    /// sweep), or `synthetic` (random token ids, or a preset's random weights):
     /// synthetic figures exercise the KV precisions' code but estimate no model's quality, so
     /// they are shown as `synthetic` and never gated.
     #[serde(default = "synthetic")]
     pub source: String,
+    /// The model the figures were measured on when it is not the report's (`--quality-model`,
+    /// or the committed trained model for a preset's sweep): its file name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// The text file (name, bytes and the first 16 hex digits of its SHA-256), for `text`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,

@@ -51,9 +51,12 @@ pub struct SweepSpec {
     pub counters: bool,
     /// Positions of the KV quality measurement (0 = none).
     pub quality_positions: usize,
-    /// Real text for the KV quality measurement (a GGUF model with a tokenizer); without it the
-    /// measurement runs on random token ids and is marked `synthetic`.
+    /// Real text for the KV quality measurement, tokenized by the model that measures it;
+    /// without it a preset is measured on the committed trained model and its held-out text
+    /// ([`crate::trained::quality_default`]), and a GGUF model on random token ids (`synthetic`).
     pub quality_text: Option<std::path::PathBuf>,
+    /// The GGUF model (with a tokenizer) the quality is measured on, when not the swept model.
+    pub quality_model: Option<std::path::PathBuf>,
     pub pin: bool,
     /// Bytes the bandwidth probe reads.
     pub probe_bytes: usize,
@@ -80,8 +83,9 @@ impl Default for SweepSpec {
             seed: 42,
             trace: false,
             counters: false,
-            quality_positions: 64,
+            quality_positions: 256,
             quality_text: None,
+            quality_model: None,
             pin: false,
             probe_bytes: 1 << 30,
         }
@@ -506,6 +510,47 @@ pub fn summarize(
     }
 }
 
+/// Which model and text measure KV quality (see [`SweepSpec::quality_text`]): the measuring
+/// model when it is not the swept one, and the text's tokens with its name for the report.
+#[allow(clippy::type_complexity)]
+fn quality_source(
+    spec: &SweepSpec,
+    source: &ModelSource,
+) -> Result<(Option<(Model, String)>, Option<(Vec<u32>, String)>)> {
+    let (model_path, text) = match (&spec.quality_model, &spec.quality_text, source) {
+        (Some(m), None, _) => bail!("--quality-model {}: needs --quality-text, the text to measure on", m.display()),
+        (Some(m), Some(t), _) => (Some(m.clone()), t.clone()),
+        (None, Some(t), ModelSource::Gguf(_)) => (None, t.clone()),
+        (None, Some(t), ModelSource::Preset(_)) => bail!(
+            "--quality-text {}: {} is a preset with random weights and no tokenizer, whose quality figures estimate no model; give a GGUF model (--model or --quality-model)",
+            t.display(),
+            spec.model
+        ),
+        (None, None, ModelSource::Preset(_)) if spec.quality_positions > 0 => match crate::trained::quality_default() {
+            Some((m, t)) => (Some(m), t),
+            None => return Ok((None, None)),
+        },
+        (None, None, _) => return Ok((None, None)),
+    };
+    let tok_path = match (&model_path, source) {
+        (Some(m), _) => m.clone(),
+        (None, ModelSource::Gguf(p)) => p.clone(),
+        (None, ModelSource::Preset(_)) => unreachable!("a preset's text needs a quality model"),
+    };
+    let tok = bitnet_engine::gguf::load_tokenizer(&tok_path)
+        .with_context(|| format!("the quality text needs the measuring model's tokenizer: {}", tok_path.display()))?;
+    let tokens = quality_tokens(&tok, &text)?;
+    let model = match model_path {
+        Some(p) => {
+            let m = bitnet_engine::gguf::load_model(&p).with_context(|| format!("--quality-model {}", p.display()))?;
+            let name = p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+            Some((m, name))
+        }
+        None => None,
+    };
+    Ok((model, Some(tokens)))
+}
+
 /// `path`'s text as the model's tokens (BOS where the file adds one, special-looking text kept
 /// as text), and a name for the report: file name, bytes and the first 16 hex digits of its
 /// SHA-256, so two reports say whether they measured the same text.
@@ -537,8 +582,11 @@ pub struct EngineRunner {
     seed: u64,
     /// `--ffn-activation`, kept for models regenerated in another kernel's format.
     ffn_activation: Option<FfnActivation>,
-    /// `--quality-text` tokenized by the model's tokenizer, and how to name it in the report.
+    /// The quality text tokenized by the measuring model's tokenizer, and how to name it in the
+    /// report.
     quality_text: Option<(Vec<u32>, String)>,
+    /// The model that measures quality when it is not the swept one, and its file name.
+    quality_model: Option<(Model, String)>,
     pin: bool,
     probe_bytes: usize,
     state: Option<(Combo, State)>,
@@ -567,18 +615,7 @@ impl EngineRunner {
                 format!("--model {} (format {format})", spec.model)
             }
         })?;
-        let quality_text = match (&spec.quality_text, &source) {
-            (None, _) => None,
-            (Some(t), ModelSource::Preset(_)) => bail!(
-                "--quality-text {}: {} is a preset with random weights and no tokenizer, whose quality figures estimate no model; give a GGUF model",
-                t.display(),
-                spec.model
-            ),
-            (Some(t), ModelSource::Gguf(path)) => {
-                let tok = bitnet_engine::gguf::load_tokenizer(path).with_context(|| format!("--quality-text needs the model's tokenizer: --model {}", spec.model))?;
-                Some(quality_tokens(&tok, t)?)
-            }
-        };
+        let (quality_model, quality_text) = quality_source(spec, &source)?;
         let fixed = spec.format.is_some() || gguf;
         let loaded = model.weights.layers[0].wq.format();
         if let (true, Some(f)) = (gguf, spec.format) {
@@ -613,6 +650,7 @@ impl EngineRunner {
             seed: spec.seed,
             ffn_activation: spec.ffn_activation,
             quality_text,
+            quality_model,
             pin: spec.pin,
             probe_bytes: spec.probe_bytes,
             state: None,
@@ -855,11 +893,16 @@ impl Runner for EngineRunner {
     }
 
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality> {
-        let n = positions.min(self.model.config.max_context);
         if let Some((text_tokens, name)) = &self.quality_text {
+            let (model, model_name) = match &self.quality_model {
+                Some((m, name)) => (m, Some(name.clone())),
+                None => (&self.model, None),
+            };
+            let n = positions.min(model.config.max_context);
             let tokens = &text_tokens[..n.min(text_tokens.len())];
-            let q = kv_quality(&self.model, tokens, kv, threads)?;
+            let q = kv_quality(model, tokens, kv, threads)?;
             return Ok(Quality {
+                model: model_name,
                 kl_divergence: q.kl_divergence,
                 top1_agreement: q.top1_agreement,
                 positions: q.positions,
@@ -869,6 +912,7 @@ impl Runner for EngineRunner {
                 perplexity: Some(q.perplexity),
             });
         }
+        let n = positions.min(self.model.config.max_context);
         let vocab = self.model.config.vocab as u64;
         let mut rng = bitnet_engine::rng::SplitMix64::new(self.seed ^ 0x5eed);
         let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
@@ -878,6 +922,7 @@ impl Runner for EngineRunner {
             top1_agreement: q.top1_agreement,
             positions: q.positions,
             source: "synthetic".into(),
+            model: None,
             text: None,
             perplexity_f32: None,
             perplexity: None,

@@ -248,3 +248,39 @@ fn ctrl_c_reports_the_chunks_scored_so_far_and_marks_the_json_incomplete() {
     assert_eq!(r.tokens_scored, r.chunks * 31);
     assert_eq!(r.running.len(), r.chunks);
 }
+
+/// On the committed trained model (models/), over its whole held-out text: the perplexity and
+/// its standard error are those the training framework's own forward pass gives with the same
+/// method (`models/rustdocs-bitnet.reference.json`, from JAX), in each of the three layouts,
+/// and far below a unigram model's on the same tokens.
+#[test]
+fn the_trained_models_perplexity_is_the_jax_forwards() {
+    let models = bitnet_bench::trained::dir();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(models.join("rustdocs-bitnet.reference.json")).unwrap()).unwrap();
+    let want = &r["perplexity"];
+    let (ppl, se, unigram) =
+        (want["ppl"].as_f64().unwrap(), want["ppl_se"].as_f64().unwrap(), want["unigram_ppl"].as_f64().unwrap());
+    assert!(ppl < unigram / 5.0, "JAX {ppl}, unigram {unigram}: the committed model learned little");
+    for layout in ["tq2_0", "tq1_0", "i2_s"] {
+        let json = dir().join(format!("trained-{layout}.json"));
+        let out = bench()
+            .args(["perplexity", "--ctx", "256", "--kv", "f32", "--threads", "2", "--model"])
+            .arg(bitnet_bench::trained::model(layout))
+            .arg("--text")
+            .arg(bitnet_bench::trained::heldout_text())
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let got: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(got["chunks"], want["chunks"], "{layout}");
+        assert_eq!(got["tokens_scored"], want["scored"], "{layout}");
+        let (p, e) = (got["perplexity"].as_f64().unwrap(), got["standard_error"].as_f64().unwrap());
+        // Per-token log-probabilities differ by int8 rounding flips only (see bitnet-engine's
+        // tests/trained_model.rs); over 8890 tokens that is well under 0.1%.
+        assert!((p / ppl - 1.0).abs() < 1e-3, "{layout}: PPL {p}, JAX {ppl}");
+        assert!((e / se - 1.0).abs() < 1e-2, "{layout}: SE {e}, JAX {se}");
+    }
+}

@@ -96,6 +96,7 @@ impl Runner for FakeRunner<'_> {
             top1_agreement: 0.9,
             positions,
             source: "text".into(),
+            model: None,
             text: Some("fake.txt (10 bytes, sha256 0123456789abcdef)".into()),
             perplexity_f32: Some(20.0),
             perplexity: Some(20.0 * (1.0 + kl)),

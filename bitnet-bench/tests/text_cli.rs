@@ -97,28 +97,37 @@ fn tokenize_matches_llama_tokenize_on_llama_3s_vocabulary() {
 #[test]
 fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
     let dir = TmpDir::new("prompt");
-    let file = tiny_gguf(&dir.0);
+    // The committed trained model (models/), so the text is the model's, not noise.
+    let file = bitnet_bench::trained::model("i2_s");
     let m = file.to_str().unwrap();
     let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
-    let ids = tok.encode("Hello", true, true);
+    let prompt = "The borrow checker";
+    let ids = tok.encode(prompt, true, true);
     let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     let by_ids =
-        ok(bench().args(["run", "--model", m, "--n-predict", "12", "--tokens", &list.join(",")]).output().unwrap());
+        ok(bench().args(["run", "--model", m, "--n-predict", "24", "--tokens", &list.join(",")]).output().unwrap());
     let generated: Vec<u32> = by_ids.trim().split(',').map(|t| t.parse().unwrap()).collect();
-    let by_text = ok(bench().args(["run", "--model", m, "--n-predict", "12", "--prompt", "Hello"]).output().unwrap());
+    let by_text = ok(bench().args(["run", "--model", m, "--n-predict", "24", "--prompt", prompt]).output().unwrap());
     // The prompt, then the text of the same greedy tokens (up to an end-of-generation token).
     let stop = generated.iter().position(|t| tok.is_eog(*t)).map_or(generated.len(), |p| p + 1);
     let mut stream = bitnet_engine::tokenizer::StreamDecoder::new(&tok);
-    let mut want = String::from("Hello");
+    let mut want = String::from(prompt);
     for t in &generated[..stop] {
         want.push_str(&stream.push(*t));
     }
     want.push_str(&stream.finish());
-    assert_eq!(by_text, want + "\n");
+    assert_eq!(by_text, want.clone() + "\n");
+    // English words, as the model learned them: letters, spaces and punctuation, words of a
+    // usual length (random weights give bytes and fragments).
+    let new = &want[prompt.len()..];
+    let words: Vec<&str> = new.split_whitespace().collect();
+    assert!(words.len() >= 8, "{new:?}");
+    let letters = new.chars().filter(|c| c.is_ascii_alphabetic() || *c == ' ').count();
+    assert!(letters as f64 >= 0.85 * new.chars().count() as f64, "{new:?}");
     let prompt_file = dir.0.join("prompt.txt");
-    std::fs::write(&prompt_file, "Hello").unwrap();
+    std::fs::write(&prompt_file, prompt).unwrap();
     let from_file = ok(bench()
-        .args(["run", "--model", m, "--n-predict", "12", "--prompt-file"])
+        .args(["run", "--model", m, "--n-predict", "24", "--prompt-file"])
         .arg(&prompt_file)
         .output()
         .unwrap());
@@ -200,4 +209,52 @@ fn sweep_quality_text_measures_on_the_text_and_says_so() {
     let out = bench().args(["--quick", "--model", "tiny", "--quality-text"]).arg(&text).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--quality-text"));
+    let out = bench().args(["--quick", "--model", "tiny", "--quality-model"]).arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --quality-text"));
+    // --quality-model measures on another model than the swept one, and the report names it.
+    let out = bench()
+        .args(["--quick", "--quiet", "--threads", "1", "--kv-precisions", "f16", "--model", "tiny", "--quality-model"])
+        .arg(&file)
+        .arg("--quality-text")
+        .arg(&text)
+        .arg("--json-report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    ok(out);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let q = &r["results"][0]["quality"];
+    assert_eq!((q["source"].as_str(), q["model"].as_str()), (Some("text"), Some("tiny.gguf")), "{q}");
+}
+
+/// A preset's sweep measures quality on the committed trained model and its held-out text (a
+/// preset's random weights estimate no model's quality) and says so above the table.
+#[test]
+fn a_presets_sweep_measures_quality_on_the_trained_model() {
+    let dir = TmpDir::new("default-quality");
+    let report = dir.0.join("r.json");
+    let out = bench()
+        .args(["--quick", "--threads", "1", "--kv-precisions", "f16", "int4", "--model", "tiny", "--json-report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    let table = ok(out);
+    assert!(
+        table.contains("KV quality on rustdocs-heldout.txt (") && table.contains("model rustdocs-bitnet-i2_s.gguf"),
+        "{table}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    for x in r["results"].as_array().unwrap() {
+        let q = &x["quality"];
+        assert_eq!(q["source"], "text", "{q}");
+        assert_eq!(q["model"], "rustdocs-bitnet-i2_s.gguf", "{q}");
+        assert!(q["text"].as_str().unwrap().starts_with("rustdocs-heldout.txt ("), "{q}");
+        // f16 KV changes the trained model's predictions very little; int4 changes them more.
+        let kl = q["kl_divergence"].as_f64().unwrap();
+        match x["config"]["kv_precision"].as_str().unwrap() {
+            "f16" => assert!(kl < 1e-3, "{q}"),
+            _ => assert!(kl > 1e-4, "{q}"),
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! The quality gate end to end: the same model run with the wrong FFN activation is a
-//! regression (exit 1) against the right one, even though it is exactly as fast.
+//! The quality gate end to end on the committed trained model (`models/`): the same model run
+//! with the wrong FFN activation is a regression (exit 1) against the right one, even though it
+//! is exactly as fast.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,7 +11,7 @@ use bitnet_bench::perplexity::{
     PerplexityResult,
 };
 use bitnet_engine::model::FfnActivation;
-use bitnet_engine::{KvPrecision, Model, WeightFormat};
+use bitnet_engine::{KvPrecision, Model};
 
 struct TmpDir(PathBuf);
 impl Drop for TmpDir {
@@ -19,14 +20,16 @@ impl Drop for TmpDir {
     }
 }
 
-const CTX: usize = 32;
+const CTX: usize = 128;
+/// The trained model's BOS (`<|begin_of_text|>`, id 0).
+const BOS: u32 = 0;
 
 fn opts() -> PerplexityOptions {
     PerplexityOptions {
         ctx: CTX,
         chunks: Some(3),
         batch: 16,
-        threads: 1,
+        threads: 2,
         kv: KvPrecision::F32,
         kernel: None,
         kl_top_k: 32,
@@ -43,19 +46,18 @@ fn run(model: &Model, tokens: &[u32], base: &Path, write_base: bool) -> Perplexi
             ctx: CTX,
             chunks: 3,
             top_k: base_top_k(model.config.vocab, o.kl_top_k),
-            tokens_hash: fed_tokens_hash(tokens, CTX, 3, true, Some(1)),
+            tokens_hash: fed_tokens_hash(tokens, CTX, 3, true, Some(BOS)),
         };
         let mut w = KlBaseWriter::create(base, header).unwrap();
-        let r = perplexity(model, tokens, true, Some(1), &o, Kl::Base(&mut w), &stop, &mut |_| {}).unwrap();
+        let r = perplexity(model, tokens, true, Some(BOS), &o, Kl::Base(&mut w), &stop, &mut |_| {}).unwrap();
         w.finish(r.chunks).unwrap();
         r
     } else {
         let mut rd = KlBaseReader::open(base).unwrap();
-        perplexity(model, tokens, true, Some(1), &o, Kl::Ref(&mut rd, "base.kl".into()), &stop, &mut |_| {}).unwrap()
+        perplexity(model, tokens, true, Some(BOS), &o, Kl::Ref(&mut rd, "base.kl".into()), &stop, &mut |_| {}).unwrap()
     };
-    r.text.file = "ids.txt".into();
+    r.text.file = "rustdocs-heldout.txt".into();
     r.text.sha256 = "0".repeat(64);
-    r.model.file = "tiny.gguf".into();
     r
 }
 
@@ -71,12 +73,18 @@ fn diff(a: &Path, b: &Path) -> (i32, String) {
 fn the_wrong_ffn_activation_is_a_regression_against_the_right_one() {
     let dir = TmpDir(std::env::temp_dir().join(format!("bitnet-diff-gate-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
-    // tiny is ReLU²-gated (as 2B4T); the same weights run with SiLU are the wrong model.
-    let right = Model::synthetic("tiny", WeightFormat::Tq2_0, 7, 1).unwrap();
+    // The trained model is ReLU²-gated (as 2B4T); the same weights run with SiLU are the wrong
+    // model (what llama.cpp's `bitnet` graph would compute).
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models");
+    let file = models.join("rustdocs-bitnet-tq2_0.gguf");
+    let right = bitnet_engine::gguf::load_model(&file).unwrap();
     assert_eq!(right.config.activation, FfnActivation::ReluSquared);
     let mut wrong = right.clone();
     wrong.config.override_activation(FfnActivation::Silu);
-    let tokens: Vec<u32> = (0..3 * CTX as u32 + 5).map(|i| 3 + (i * 37 + i * i) % 500).collect();
+    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    assert_eq!(tok.bos(), Some(BOS));
+    let text = std::fs::read_to_string(models.join("rustdocs-heldout.txt")).unwrap();
+    let tokens = tok.encode(&text, true, false);
     let base = dir.0.join("base.kl");
     run(&right, &tokens, &base, true);
     let write = |name: &str, r: &PerplexityResult| {
@@ -95,13 +103,19 @@ fn the_wrong_ffn_activation_is_a_regression_against_the_right_one() {
         out.contains("kl_mean") && out.contains("regression") && out.contains("relu2") && out.contains("silu"),
         "{out}"
     );
-    // The right model against itself passes; the other way round, KL and top-token agreement
-    // improve. (On these random weights the perplexity cannot tell right from wrong: SiLU's
-    // happens to be lower here, so that direction still fails on it. A trained model's will.)
+    // On trained weights the perplexity tells right from wrong too.
+    let (p_good, p_bad) = (good.perplexity.unwrap(), bad.perplexity.unwrap());
+    assert!(p_bad > 1.5 * p_good, "perplexity {p_good} right, {p_bad} with SiLU");
+    let ppl_line = out.lines().find(|l| l.starts_with("| perplexity")).unwrap();
+    assert!(ppl_line.ends_with("| regression |"), "{out}");
+    // The right model against itself passes; the other way round, everything improves.
     assert_eq!(diff(&good_p, &good_p).0, 0);
-    let (_, out) = diff(&bad_p, &good_p);
-    let kl_line = out.lines().find(|l| l.starts_with("| kl_mean")).unwrap();
-    assert!(kl_line.ends_with("| improvement |"), "{out}");
+    let (code, out) = diff(&bad_p, &good_p);
+    assert_eq!(code, 0, "{out}");
+    for metric in ["| kl_mean", "| perplexity"] {
+        let line = out.lines().find(|l| l.starts_with(metric)).unwrap();
+        assert!(line.ends_with("| improvement |"), "{out}");
+    }
     // Another text (or ctx) is refused: their perplexities are of different things.
     let mut other = good.clone();
     other.text.sha256 = "1".repeat(64);

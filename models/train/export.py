@@ -4,17 +4,18 @@
 Linear layers hold exactly the ternary values and per-tensor scale of model.ternary() — the
 weights the JAX forward uses — in one of:
 - TQ2_0 / TQ1_0 (llama.cpp's types; gguf-py's quantizer; every 256-weight block of a tensor stores
-  the same f16 scale, or 0 where the block is all zeros) under architecture `bitnet-25`;
+  the same f16 scale, or 0 where the block is all zeros) under `bitnet-25` (ReLU²) or `bitnet` (SiLU);
 - I2_S (bitnet.cpp's type 36: 2-bit codes 0/1/2 = -1/0/+1, weight j of 128-weight block i in byte
   32*i + j%32 at shift 6 - 2*(j//32), then the f32 scale and 28 zero bytes) under `bitnet-b1.58`,
   as the official BitNet b1.58 2B4T file.
-The embedding is F16 (tied: no output.weight), the norms F32, `<arch>.hidden_activation = "relu2"`.
+The embedding is F16 (tied: no output.weight), the norms F32, `<arch>.hidden_activation` the
+model's FFN activation ("relu2" or "silu", config.json's ffn_activation).
 
-Why `bitnet-25` and not llama.cpp's `bitnet` for the TQ files: llama.cpp's `bitnet` graph is
-SiLU-gated unconditionally and ignores `hidden_activation`, so this ReLU²-gated model would run
-there as a different function; bitnet-engine writes ReLU² TQ models under `bitnet-25` for that
-reason (bitnet-engine/src/gguf/writer.rs, saved_architecture). `--arch bitnet` writes them under
-`bitnet` anyway (for llama.cpp experiments; its output is then not this model's).
+Why `bitnet-25` and not llama.cpp's `bitnet` for ReLU² TQ files: llama.cpp's `bitnet` graph is
+SiLU-gated unconditionally and ignores `hidden_activation`, so a ReLU²-gated model would run there
+as a different function; bitnet-engine writes ReLU² TQ models under `bitnet-25` for that reason
+(bitnet-engine/src/gguf/writer.rs, saved_architecture). A SiLU-gated model's TQ files go under
+`bitnet`, which llama.cpp runs as trained. `--arch` overrides the choice.
 
     python3 export.py --format tq2_0 --out out/model/rustdocs-bitnet-tq2_0.gguf
 """
@@ -58,7 +59,8 @@ def export(params, cfg, tokenizer_json, fmt, out, arch=None, name=None):
 
     from tokenizer import add_tokenizer_metadata
 
-    arch = arch or ("bitnet-b1.58" if fmt == "i2_s" else "bitnet-25")
+    act = cfg.get("ffn_activation", "relu2")
+    arch = arch or ("bitnet-b1.58" if fmt == "i2_s" else "bitnet-25" if act == "relu2" else "bitnet")
     w = gguf.GGUFWriter(out, arch)
     w.add_name(name or f"bitnet-perf rust-docs BitNet b1.58 {fmt}")
     w.add_vocab_size(cfg["vocab"])
@@ -71,7 +73,7 @@ def export(params, cfg, tokenizer_json, fmt, out, arch=None, name=None):
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["norm_eps"])
     w.add_rope_dimension_count(cfg["hidden"] // cfg["heads"])
-    w.add_string(f"{arch}.hidden_activation", "relu2")
+    w.add_string(f"{arch}.hidden_activation", act)
     w.add_license("Apache-2.0 OR MIT")
     add_tokenizer_metadata(w, tokenizer_json)
 
@@ -109,7 +111,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(HERE, "out/model"), help="train.py's --out")
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "out/tokenizer.json"))
     ap.add_argument("--format", choices=["tq2_0", "tq1_0", "i2_s"], default="tq2_0")
-    ap.add_argument("--arch", default=None, help="default: bitnet-25 for TQ, bitnet-b1.58 for I2_S")
+    ap.add_argument("--arch", default=None, help="default: bitnet-b1.58 for I2_S; for TQ bitnet-25 (ReLU²) or bitnet (SiLU)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     params = dict(np.load(os.path.join(a.model, "params.npz")))

@@ -9,7 +9,8 @@ licence). No download: the files are on every machine with a Rust toolchain.
 What is kept: the text of each page's <main> element, page by page in each book's table of
 contents order (toc.html), books in the order of --books. What is dropped: <pre> blocks (code
 listings and console output: the model is meant to write English, not Rust), scripts, styles,
-navigation, and pages that are only redirects. Inline <code> stays as its text, since it is part
+navigation, the Reference's rule labels (`[items.fn.intro]` links), and pages that are only
+redirects. Inline <code> stays as its text, since it is part
 of the sentence. Whitespace inside a block is collapsed to single spaces; blocks (paragraphs,
 headings, list items, table cells, captions) end with a newline, pages with a blank line.
 
@@ -58,6 +59,7 @@ class MainText(html.parser.HTMLParser):
         self.skip = 0
         self.blocks = []
         self.cur = []
+        self.links = []  # per open <a>: True for the Reference's rule labels ("[items.fn.intro]")
 
     def flush(self):
         text = re.sub(r"\s+", " ", "".join(self.cur)).strip()
@@ -71,7 +73,11 @@ class MainText(html.parser.HTMLParser):
             return
         if not self.in_main or tag in VOID_TAGS and tag not in BLOCK_TAGS:
             return
-        if tag in SKIP_TAGS:
+        if tag == "a":
+            rule = "rule-link" in (dict(attrs).get("class") or "").split()
+            self.links.append(rule)
+            self.skip += rule
+        elif tag in SKIP_TAGS:
             self.skip += 1
         elif tag in BLOCK_TAGS and not self.skip:
             self.flush()
@@ -83,7 +89,10 @@ class MainText(html.parser.HTMLParser):
             return
         if not self.in_main:
             return
-        if tag in SKIP_TAGS:
+        if tag == "a":
+            if self.links and self.links.pop():
+                self.skip = max(0, self.skip - 1)
+        elif tag in SKIP_TAGS:
             self.skip = max(0, self.skip - 1)
         elif tag in BLOCK_TAGS and not self.skip:
             self.flush()

@@ -7,7 +7,7 @@ bitnet-engine runs it (bitnet-engine/src/model/reference.rs is the function this
   dequantized by absmax / 127); straight-through estimators for both in training.
 - RMSNorm (eps 1e-5) before attention and FFN, and the sub-norms: attn_sub_norm on the attention
   output before attn_output, ffn_sub_norm on the gated product before ffn_down.
-- FFN relu(gate)^2 * up; RoPE NEOX-style (pairs i and i + head_dim/2) with base rope_theta;
+- FFN relu(gate)^2 * up (or silu(gate) * up with ffn_activation = "silu"); RoPE NEOX-style (pairs i and i + head_dim/2) with base rope_theta;
   grouped-query attention (query head h reads key/value head h // (heads / kv_heads)).
 - Tied embedding. The engine holds the embedding (stored as F16) as int8 rows with one f32 scale per
   row (absmax / 127) and quantizes the LM head's input per token to int8; this model does the same
@@ -38,6 +38,9 @@ class Config:
     context: int = 256
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    # "relu2" (BitNet b1.58 2B4T) or "silu" (what llama.cpp's `bitnet` graph runs; for a twin model
+    # that llama.cpp can be compared on).
+    ffn_activation: str = "relu2"
 
     @property
     def head_dim(self):
@@ -52,6 +55,7 @@ class Config:
     def check(self):
         assert self.hidden % self.heads == 0 and self.heads % self.kv_heads == 0
         assert self.head_dim % 2 == 0
+        assert self.ffn_activation in ("relu2", "silu"), f"ffn_activation {self.ffn_activation!r}: relu2 or silu"
         # TQ1_0/TQ2_0 blocks are 256 weights along a row; I2_S packs 128.
         for name, (rows, cols) in self.shapes().items():
             assert cols % 256 == 0, f"{name}: {cols} columns; TQ1_0/TQ2_0 need a multiple of 256"
@@ -165,7 +169,9 @@ def forward(params, tokens, cfg):
         a = rms_norm(a, p("attn_sub_norm"), cfg.norm_eps)
         x = x + bitlinear(a, p("attn_output"))
         xn = rms_norm(x, p("ffn_norm"), cfg.norm_eps)
-        h = jnp.square(jax.nn.relu(bitlinear(xn, p("ffn_gate")))) * bitlinear(xn, p("ffn_up"))
+        g = bitlinear(xn, p("ffn_gate"))
+        g = jnp.square(jax.nn.relu(g)) if cfg.ffn_activation == "relu2" else jax.nn.silu(g)
+        h = g * bitlinear(xn, p("ffn_up"))
         h = rms_norm(h, p("ffn_sub_norm"), cfg.norm_eps)
         x = x + bitlinear(h, p("ffn_down"))
     x = rms_norm(x, params["output_norm"], cfg.norm_eps)
