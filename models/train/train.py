@@ -5,8 +5,9 @@ Each training row is BOS followed by --context tokens of the training text from 
 (the whole text is one token stream), as llama-perplexity scores a chunk: BOS in place of the
 chunk's first token. AdamW (betas 0.9/0.95, weight decay on the matrices only), linear warm-up then
 cosine decay to a tenth, gradient clipping at 1. Seeded (weights and batches): the defaults are meant
-to reproduce the committed model on the same JAX version and CPU kind; that two runs give identical
-params.npz is not verified yet.
+to reproduce the committed model on the same JAX version and CPU kind. Two 20-step runs on one
+machine gave byte-identical params.npz; the full run was not repeated (models/README.md lists the
+committed files' SHA-256 to compare a rerun's exports with).
 
     python3 train.py                      # the full run (the defaults)
     python3 train.py --steps 200 --out out/smoke --layers 2 --hidden 256 --ffn 512   # a smoke run
