@@ -569,10 +569,10 @@ fn a_lookup_form_above_its_batch_limit_counts_the_blocks_the_fused_form_reads() 
     // TQ1_0 blocks, not the lookup repack: the step's bytes must say so.
     let spec = SweepSpec { model: "tiny".into(), threads: vec![1], kernels: vec![KernelFamily::Tq1], ..spec() };
     let mut runner = bitnet_bench::sweep::EngineRunner::load(&spec).unwrap();
-    let Ok(lut) = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut) else {
-        eprintln!("skipped: this CPU has no AVX2");
+    if !IsaLevel::Avx2.testable() {
         return;
-    };
+    }
+    let lut = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut).unwrap();
     let fused = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Fused).unwrap();
     let max = bitnet_engine::kernels::LUT_MAX_BATCH;
     for (batch, runs) in [(1, lut), (max, lut), (max + 1, fused)] {
@@ -592,10 +592,10 @@ fn the_avx2_tq2_kernel_reports_its_code_copy() {
     // one scale each), where the blocks are 66.
     let spec = SweepSpec { model: "tiny".into(), threads: vec![1], kernels: vec![KernelFamily::Tq2], ..spec() };
     let mut runner = bitnet_bench::sweep::EngineRunner::load(&spec).unwrap();
-    let Ok(kernel) = Kernel::new(KernelFamily::Tq2, IsaLevel::Avx2, KernelForm::Fused) else {
-        eprintln!("skipped: this CPU has no AVX2");
+    if !IsaLevel::Avx2.testable() {
         return;
-    };
+    }
+    let kernel = Kernel::new(KernelFamily::Tq2, IsaLevel::Avx2, KernelForm::Fused).unwrap();
     let combo = Combo { kernel, batch: 1, context_length: 8, kv: KvPrecision::F16, threads: 1 };
     let p = runner.prepare(&combo, 4).unwrap();
     let w = &runner.model().weights;

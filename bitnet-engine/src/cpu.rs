@@ -53,6 +53,22 @@ impl IsaLevel {
         }
     }
 
+    /// For tests: whether this level runs here. Where the CPU lacks it, a test skips (printing
+    /// why), unless `BITNET_REQUIRE_ISA` ([`required_for_tests`]) requires this level: then this
+    /// panics, so a machine that has the level never passes by skipping it.
+    pub fn testable(self) -> bool {
+        match self.unsupported_reason() {
+            None => true,
+            Some(why) => {
+                if required_for_tests().is_some_and(|r| self <= r) {
+                    panic!("{REQUIRE_ISA_VAR}={}: {why}", required_for_tests().unwrap());
+                }
+                eprintln!("skipped at {self}: {why}");
+                false
+            }
+        }
+    }
+
     /// Why this level cannot run here, or `None` when it can.
     pub fn unsupported_reason(self) -> Option<String> {
         if self.is_supported() {
@@ -78,6 +94,19 @@ impl FromStr for IsaLevel {
             expected: "scalar, avx2, avx512".into(),
         })
     }
+}
+
+/// The environment variable naming the ISA level tests must run (see [`required_for_tests`]).
+pub const REQUIRE_ISA_VAR: &str = "BITNET_REQUIRE_ISA";
+
+/// The level `BITNET_REQUIRE_ISA` names (`scalar`, `avx2` or `avx512`): tests must run it and
+/// every level below it, and fail where this CPU seems to lack one instead of skipping.
+/// `.ci/run` sets it from `/proc/cpuinfo`'s flags, independently of this module's detection,
+/// so neither a detection bug nor a CI machine without the level passes quietly. Unset: none.
+/// A value that names no level panics (tests only read it).
+pub fn required_for_tests() -> Option<IsaLevel> {
+    let v = std::env::var(REQUIRE_ISA_VAR).ok().filter(|v| !v.is_empty())?;
+    Some(v.parse().unwrap_or_else(|e| panic!("{REQUIRE_ISA_VAR}={v}: {e}")))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -201,6 +230,20 @@ mod tests {
             assert_eq!(l.is_supported(), l.unsupported_reason().is_none());
         }
         assert!(matches!("sse".parse::<IsaLevel>(), Err(Error::UnknownName { .. })));
+    }
+
+    /// Every level `BITNET_REQUIRE_ISA` requires is detected (the whole check where `.ci/run`
+    /// sets it; without it, only that detection and `testable` agree).
+    #[test]
+    fn required_isa_levels_are_detected() {
+        for l in IsaLevel::ALL {
+            if required_for_tests().is_some_and(|r| l <= r) {
+                assert!(l.is_supported(), "{REQUIRE_ISA_VAR} requires {l}: {}", l.unsupported_reason().unwrap());
+                assert!(l.testable());
+            } else if l.is_supported() {
+                assert!(l.testable());
+            }
+        }
     }
 
     /// CPUID agrees with what the kernel read from it into /proc/cpuinfo.
