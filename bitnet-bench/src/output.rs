@@ -258,7 +258,7 @@ fn legend(r: &Report) -> String {
 /// or the int8 arithmetic, so the probe it is measured against read low (on a shared VM
 /// another tenant on the core or the bus while it ran), and such a figure is not of this
 /// machine. Not for the compute of `tq1` and `xnor`, whose lookup and popcount forms multiply
-/// nothing and may pass 100% (see the README).
+/// nothing and may pass 100% (see docs/kernels.md).
 fn above_probe_note(r: &Report) -> String {
     let roofline = r.results.iter().any(|x| roofline_known(x).is_some_and(|f| f > 1.0));
     let multiplies = |x: &&BenchResult| !matches!(x.config.kernel.as_str(), "tq1" | "xnor");
