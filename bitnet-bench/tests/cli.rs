@@ -130,8 +130,8 @@ fn pipes_prints_each_mix_against_vpdpbusd_alone_and_refuses_zero_passes() {
 
 #[test]
 fn run_prints_tokens_and_writes_one_logits_row_per_token() {
-    let dir = std::env::temp_dir().join(format!("bitnet-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-cli-").tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("logits.json");
     let out = bench()
         .args(["run", "--model", "tiny", "--tokens", "1,2,3", "--n-predict", "5", "--threads", "2"])
@@ -156,7 +156,6 @@ fn run_prints_tokens_and_writes_one_logits_row_per_token() {
         let best = row.iter().enumerate().fold(0, |b, (j, x)| if *x > row[b] { j } else { b });
         assert_eq!(best as u32, tokens[i + 1], "row {i}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -175,8 +174,8 @@ fn run_timings_state_the_decode_rate_only_when_there_were_decode_steps() {
 
 #[test]
 fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
-    let dir = std::env::temp_dir().join(format!("bitnet-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-cli-bad-").tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("x.json");
     let f = file.to_str().unwrap();
     for (args, needle) in [
@@ -197,8 +196,7 @@ fn run_and_inspect_reject_bad_input_with_exit_2_and_no_file() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
-    assert!(std::fs::read_dir(&dir).unwrap().next().is_none(), "a failed run left a file behind");
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(std::fs::read_dir(dir).unwrap().next().is_none(), "a failed run left a file behind");
 }
 
 #[test]
@@ -243,8 +241,8 @@ fn gguf_files_can_be_inspected_and_run() {
 
 #[test]
 fn a_corrupt_gguf_is_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("bitnet-cli-gguf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-cli-gguf-").tempdir().unwrap();
+    let dir = scratch.path();
     let bytes = std::fs::read(fixture()).unwrap();
     let cut = dir.join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
@@ -261,13 +259,12 @@ fn a_corrupt_gguf_is_a_clear_error() {
             assert!(e.contains("past the end"), "{e}");
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn save_gguf_writes_a_file_that_runs_the_same() {
-    let dir = std::env::temp_dir().join(format!("bitnet-cli-save-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-cli-save-").tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("tiny.gguf");
     let run = |model: &str, extra: &[&str]| {
         let out = bench()
@@ -306,7 +303,6 @@ fn save_gguf_writes_a_file_that_runs_the_same() {
         (v["architecture"].as_str(), v["hyperparameters"]["ffn_activation"].as_str()),
         (Some("bitnet"), Some("silu"))
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -329,8 +325,8 @@ fn batched_run_decodes_every_sequence_like_a_single_run() {
 
 #[test]
 fn run_save_gguf_writes_the_weights_the_sweep_measures() {
-    let dir = std::env::temp_dir().join(format!("bitnet-cli-save-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-cli-save-").tempdir().unwrap();
+    let dir = scratch.path();
     let file = dir.join("tiny.gguf");
     let out = bench()
         .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
@@ -346,5 +342,4 @@ fn run_save_gguf_writes_the_weights_the_sweep_measures() {
             assert_eq!(x.unpack(), y.unpack());
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }

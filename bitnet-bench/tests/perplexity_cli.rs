@@ -2,9 +2,8 @@
 //! chunk and token counts, the PPL recomputed from `run --logits-out`, the JSON against its
 //! committed schema, KL against a base, and the errors (exit 2, flag named, no file left).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use bitnet_bench::perplexity;
 
@@ -12,44 +11,36 @@ fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
 }
 
-fn dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("bitnet-ppl-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
+/// A test's own scratch directory, uniquely named and removed when dropped (pass or fail).
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("bitnet-ppl-cli-").tempdir().unwrap()
 }
 
-/// The tiny preset (ReLU²) saved as TQ2_0, with its byte-token vocabulary.
-fn model() -> String {
-    static M: OnceLock<String> = OnceLock::new();
-    M.get_or_init(|| {
-        let p = dir().join("tiny.gguf");
-        let out = bench()
-            .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
-            .arg(&p)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        p.to_string_lossy().into_owned()
-    })
-    .clone()
+/// The tiny preset (ReLU²) saved as TQ2_0 in `dir`, with its byte-token vocabulary.
+fn model(dir: &Path) -> String {
+    let p = dir.join("tiny.gguf");
+    let out = bench()
+        .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    p.to_string_lossy().into_owned()
 }
 
-fn text(name: &str, sentences: usize) -> String {
+fn text(dir: &Path, name: &str, sentences: usize) -> String {
     let words = ["kernel", "cache", "token", "vector", "ternary", "weight", "matrix", "thread", "perplexity"];
     let mut s = String::new();
     for i in 0..sentences {
         s.push_str(&format!("The {} reads the {} {} times. ", words[i % 9], words[(i * 5 + 2) % 9], i % 7 + 1));
     }
-    let p = dir().join(name);
+    let p = dir.join(name);
     std::fs::write(&p, s).unwrap();
     p.to_string_lossy().into_owned()
 }
 
-fn ppl(args: &[&str]) -> Output {
-    bench().arg("perplexity").args(["--model", &model(), "--threads", "1"]).args(args).output().unwrap()
+fn ppl(model: &str, args: &[&str]) -> Output {
+    bench().arg("perplexity").args(["--model", model, "--threads", "1"]).args(args).output().unwrap()
 }
 
 fn ok(out: &Output) -> String {
@@ -76,10 +67,13 @@ fn committed_schema_is_the_generated_one() {
 
 #[test]
 fn scores_the_second_half_of_each_chunk_and_agrees_with_run_logits() {
-    let t = text("a.txt", 30);
-    let j = dir().join("a.json");
+    let scratch = tmp();
+    let dir = scratch.path();
+    let m = model(dir);
+    let t = text(dir, "a.txt", 30);
+    let j = dir.join("a.json");
     let stdout =
-        ok(&ppl(&["--text", &t, "--ctx", "32", "--chunks", "4", "--batch", "32", "--json", j.to_str().unwrap()]));
+        ok(&ppl(&m, &["--text", &t, "--ctx", "32", "--chunks", "4", "--batch", "32", "--json", j.to_str().unwrap()]));
     let lines: Vec<&str> = stdout.lines().collect();
     for i in 1..=4 {
         assert!(lines[i - 1].starts_with(&format!("[{i}/4] PPL ")), "{stdout}");
@@ -101,17 +95,17 @@ fn scores_the_second_half_of_each_chunk_and_agrees_with_run_logits() {
     assert_eq!(r.running[3].perplexity, p);
 
     // Chunk 2 by hand: its tokens (BOS first) through `run --logits-out`, NLL of the second half.
-    let map = std::fs::read(model()).unwrap();
+    let map = std::fs::read(&m).unwrap();
     let f = bitnet_engine::gguf::GgufFile::parse(&map).unwrap();
     let tok = bitnet_engine::tokenizer::Tokenizer::from_gguf(&f).unwrap();
     let ids = tok.encode(std::str::from_utf8(&bytes).unwrap(), true, false);
     assert_eq!(ids.len(), r.text.tokens);
     let mut chunk = ids[32..64].to_vec();
     chunk[0] = 1;
-    let logits_file = dir().join("logits.json");
+    let logits_file = dir.join("logits.json");
     let list = chunk.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
     let out = bench()
-        .args(["run", "--model", &model(), "--threads", "1", "--n-predict", "1", "--tokens", &list, "--logits-out"])
+        .args(["run", "--model", &m, "--threads", "1", "--n-predict", "1", "--tokens", &list, "--logits-out"])
         .arg(&logits_file)
         .output()
         .unwrap();
@@ -129,16 +123,19 @@ fn scores_the_second_half_of_each_chunk_and_agrees_with_run_logits() {
 
 #[test]
 fn kl_is_zero_against_its_own_base_and_positive_against_int2_kv_or_silu() {
-    let t = text("kl.txt", 30);
-    let base = dir().join("relu2.kl");
+    let scratch = tmp();
+    let dir = scratch.path();
+    let m = model(dir);
+    let t = text(dir, "kl.txt", 30);
+    let base = dir.join("relu2.kl");
     let common = ["--text", &t, "--ctx", "32", "--chunks", "3"];
-    ok(&ppl(&[&common[..], &["--kl-base", base.to_str().unwrap()]].concat()));
+    ok(&ppl(&m, &[&common[..], &["--kl-base", base.to_str().unwrap()]].concat()));
     let kl = |extra: &[&str]| {
-        let j = dir().join(format!("kl-{}.json", extra.join("_")));
-        let stdout =
-            ok(&ppl(
-                &[&common[..], &["--kl-ref", base.to_str().unwrap(), "--json", j.to_str().unwrap()], extra].concat()
-            ));
+        let j = dir.join(format!("kl-{}.json", extra.join("_")));
+        let stdout = ok(&ppl(
+            &m,
+            &[&common[..], &["--kl-ref", base.to_str().unwrap(), "--json", j.to_str().unwrap()], extra].concat(),
+        ));
         assert!(stdout.contains("Mean    KLD") && stdout.contains("Same top p"), "{stdout}");
         let v = json(&j);
         perplexity::validate_schema(&v).unwrap();
@@ -156,17 +153,20 @@ fn kl_is_zero_against_its_own_base_and_positive_against_int2_kv_or_silu() {
     }
     // A base made from another text, or with another ctx, is refused before any work.
     // (The same sentences after another first word: equal lengths, other tokens.)
-    let other = dir().join("other.txt").to_string_lossy().into_owned();
+    let other = dir.join("other.txt").to_string_lossy().into_owned();
     std::fs::write(&other, std::fs::read_to_string(&t).unwrap().replacen("The", "A b", 1)).unwrap();
-    let j = dir().join("refused.json");
-    let out = ppl(&["--text", &other, "--ctx", "32", "--chunks", "3", "--kl-ref", base.to_str().unwrap(), "--json"]
-        .iter()
-        .copied()
-        .chain([j.to_str().unwrap()])
-        .collect::<Vec<_>>());
+    let j = dir.join("refused.json");
+    let out = ppl(
+        &m,
+        &["--text", &other, "--ctx", "32", "--chunks", "3", "--kl-ref", base.to_str().unwrap(), "--json"]
+            .iter()
+            .copied()
+            .chain([j.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tokens differ"), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = ppl(&["--text", &t, "--ctx", "30", "--chunks", "3", "--kl-ref", base.to_str().unwrap()]);
+    let out = ppl(&m, &["--text", &t, "--ctx", "30", "--chunks", "3", "--kl-ref", base.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("ctx is 32 in the base, --ctx 30"));
     assert!(!j.exists());
@@ -174,17 +174,20 @@ fn kl_is_zero_against_its_own_base_and_positive_against_int2_kv_or_silu() {
 
 #[test]
 fn bad_inputs_exit_2_naming_the_flag_and_leave_no_file() {
-    let t = text("short.txt", 30);
-    let tiny_text = dir().join("tiny.txt");
+    let scratch = tmp();
+    let dir = scratch.path();
+    let m = model(dir);
+    let t = text(dir, "short.txt", 30);
+    let tiny_text = dir.join("tiny.txt");
     std::fs::write(&tiny_text, "just a few words").unwrap();
     // The saved model with its tokenizer key renamed (same length, so offsets stay valid).
-    let mut bytes = std::fs::read(model()).unwrap();
+    let mut bytes = std::fs::read(&m).unwrap();
     let at = bytes.windows(20).position(|w| w == b"tokenizer.ggml.model").unwrap();
     bytes[at..at + 20].copy_from_slice(b"tokenizer.ggml.mode_");
-    let no_tok = dir().join("no-tokenizer.gguf");
+    let no_tok = dir.join("no-tokenizer.gguf");
     std::fs::write(&no_tok, bytes).unwrap();
-    let j = dir().join("never.json");
-    let kb = dir().join("never.kl");
+    let j = dir.join("never.json");
+    let kb = dir.join("never.kl");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--model", no_tok.to_str().unwrap(), "--text", &t], "tokenizer.ggml.model"),
         (vec!["--model", "tiny", "--text", &t], "a preset has no tokenizer"),
@@ -200,7 +203,7 @@ fn bad_inputs_exit_2_naming_the_flag_and_leave_no_file() {
         let mut cmd = bench();
         cmd.args(["perplexity", "--threads", "1"]);
         if !args.contains(&"--model") {
-            cmd.args(["--model", &model()]);
+            cmd.args(["--model", &m]);
         }
         let out = cmd.args(&args).args(["--json", j.to_str().unwrap()]).output().unwrap();
         let e = String::from_utf8_lossy(&out.stderr);
@@ -209,9 +212,9 @@ fn bad_inputs_exit_2_naming_the_flag_and_leave_no_file() {
         assert!(!j.exists(), "{args:?} left {}", j.display());
     }
     // A failing run with --kl-base leaves neither the base nor its temporary file.
-    let out = ppl(&["--text", tiny_text.to_str().unwrap(), "--ctx", "32", "--kl-base", kb.to_str().unwrap()]);
+    let out = ppl(&m, &["--text", tiny_text.to_str().unwrap(), "--ctx", "32", "--kl-base", kb.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    let left: Vec<_> = std::fs::read_dir(dir())
+    let left: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().contains("never"))
@@ -222,10 +225,13 @@ fn bad_inputs_exit_2_naming_the_flag_and_leave_no_file() {
 #[test]
 fn ctrl_c_reports_the_chunks_scored_so_far_and_marks_the_json_incomplete() {
     use std::io::{BufRead, BufReader};
-    let t = text("long.txt", 400);
-    let j = dir().join("interrupted.json");
+    let scratch = tmp();
+    let dir = scratch.path();
+    let m = model(dir);
+    let t = text(dir, "long.txt", 400);
+    let j = dir.join("interrupted.json");
     let mut child = bench()
-        .args(["perplexity", "--model", &model(), "--threads", "1", "--text", &t, "--ctx", "64", "--json"])
+        .args(["perplexity", "--model", &m, "--threads", "1", "--text", &t, "--ctx", "64", "--json"])
         .arg(&j)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -255,6 +261,8 @@ fn ctrl_c_reports_the_chunks_scored_so_far_and_marks_the_json_incomplete() {
 /// and far below a unigram model's on the same tokens.
 #[test]
 fn the_trained_models_perplexity_is_the_jax_forwards() {
+    let scratch = tmp();
+    let dir = scratch.path();
     let models = bitnet_bench::trained::dir();
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(models.join("rustdocs-bitnet.reference.json")).unwrap()).unwrap();
@@ -263,7 +271,7 @@ fn the_trained_models_perplexity_is_the_jax_forwards() {
         (want["ppl"].as_f64().unwrap(), want["ppl_se"].as_f64().unwrap(), want["unigram_ppl"].as_f64().unwrap());
     assert!(ppl < unigram / 5.0, "JAX {ppl}, unigram {unigram}: the committed model learned little");
     for layout in ["tq2_0", "tq1_0", "i2_s"] {
-        let json = dir().join(format!("trained-{layout}.json"));
+        let json = dir.join(format!("trained-{layout}.json"));
         let out = bench()
             .args(["perplexity", "--ctx", "256", "--kv", "f32", "--threads", "2", "--model"])
             .arg(bitnet_bench::trained::model(layout))

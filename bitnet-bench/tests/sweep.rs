@@ -398,8 +398,9 @@ fn markdown_and_csv_match_their_golden_files() {
 #[test]
 fn charts_and_page_are_written_for_a_report() {
     let r = sweep(None);
-    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-{}", std::process::id()));
-    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-").tempdir().unwrap();
+    let dir = scratch.path();
+    bitnet_bench::plots::write_all(&r, dir).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     for f in [
         "decode_vs_batch.svg",
@@ -415,7 +416,6 @@ fn charts_and_page_are_written_for_a_report() {
     }
     assert_eq!(html.matches("<svg").count(), 7, "every chart inlined: the page needs no other file");
     assert!(html.contains("decode_tokens_per_sec_median"));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -424,8 +424,9 @@ fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
     for x in &mut r.results {
         x.config.model = "bitnet, \"2B\"".into();
     }
-    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-comma-{}", std::process::id()));
-    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-comma-").tempdir().unwrap();
+    let dir = scratch.path();
+    bitnet_bench::plots::write_all(&r, dir).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     let columns = output::CSV_HEADER.split(',').count();
     let rows: Vec<&str> = html.lines().filter(|l| l.starts_with("<tr><td>")).collect();
@@ -436,7 +437,6 @@ fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
     }
     // The CSV quotes it: a CSV reader gets the same cells.
     assert!(output::csv(&r).lines().nth(1).unwrap().starts_with("\"bitnet, \"\"2B\"\"\",i2s,"));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -470,13 +470,13 @@ fn a_sweep_interrupted_in_its_first_combination_still_gets_a_page() {
     // Stopped in the 2nd run of the first combination: nothing finished.
     let r = sweep(Some(2));
     assert!(r.results.is_empty() && !r.complete);
-    let dir = std::env::temp_dir().join(format!("bitnet-bench-plots-empty-{}", std::process::id()));
-    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-empty-").tempdir().unwrap();
+    let dir = scratch.path();
+    bitnet_bench::plots::write_all(&r, dir).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     assert!(html.contains("decode_tokens_per_sec_median"), "the table header is there");
     assert_eq!(html.matches("<svg").count(), 0, "no empty charts");
     assert!(!dir.join("decode_vs_batch.svg").exists());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -663,8 +663,8 @@ fn synthetic_quality_is_labelled_not_shown_as_an_estimate() {
     let csv = output::csv(&r);
     let row = csv.lines().nth(1).unwrap();
     assert!(row.ends_with(",synthetic,,"), "{row}");
-    let dir = std::env::temp_dir().join(format!("bitnet-synthetic-plots-{}", std::process::id()));
-    bitnet_bench::plots::write_all(&r, &dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("bitnet-synthetic-plots-").tempdir().unwrap();
+    let dir = scratch.path();
+    bitnet_bench::plots::write_all(&r, dir).unwrap();
     assert!(!dir.join("kv_quality.svg").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }

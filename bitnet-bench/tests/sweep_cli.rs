@@ -2,18 +2,15 @@
 //! exports, bad input (exit 2, nothing written), `validate`, `schema --check` and
 //! `import-llama-bench` on a real llama-bench JSON.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("bitnet-bench-sweep-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail).
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-bench-sweep-{name}-")).tempdir().unwrap()
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -27,7 +24,8 @@ fn run(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn a_tiny_sweep_writes_a_valid_report_and_every_export() {
-    let d = tmp("e2e");
+    let dir = tmp("e2e");
+    let d = dir.path();
     let p = |f: &str| d.join(f).to_string_lossy().into_owned();
     let (code, table, err) = run(&[
         "--model",
@@ -100,12 +98,12 @@ fn a_tiny_sweep_writes_a_valid_report_and_every_export() {
     let runs = bitnet_bench::history::runs(&d.join("history.sqlite")).unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].report.results.len(), 8);
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
-    let d = tmp("bad");
+    let dir = tmp("bad");
+    let d = dir.path();
     let out = d.join("r.json");
     let o = out.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -135,12 +133,12 @@ fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
     assert_eq!(code, 2);
     assert!(err.contains("bad.gguf"), "{err}");
     assert!(!out.exists());
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn validate_rejects_broken_reports_and_schema_check_works() {
-    let d = tmp("validate");
+    let dir = tmp("validate");
+    let d = dir.path();
     std::fs::write(d.join("t.json"), b"{\"schema_version\": 1, \"results\": [").unwrap();
     let (code, _, err) = run(&["validate", d.join("t.json").to_str().unwrap()]);
     assert_eq!(code, 2);
@@ -167,12 +165,12 @@ fn validate_rejects_broken_reports_and_schema_check_works() {
     let (code, _, err) = run(&["schema", "--check", d.join("old.json").to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("regenerate"), "{err}");
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn llama_bench_json_imports_into_a_valid_report() {
-    let d = tmp("import");
+    let dir = tmp("import");
+    let d = dir.path();
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/llama-bench-large-tq2.json");
     let out = d.join("lb.json");
     let (code, _, err) = run(&["import-llama-bench", src, "--json-report", out.to_str().unwrap()]);
@@ -256,13 +254,13 @@ fn llama_bench_json_imports_into_a_valid_report() {
     let (code, _, err) = run(&["show", ours, ours]);
     assert_eq!(code, 2);
     assert!(err.contains("both hold") && err.contains("merge"), "{err}");
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn ctrl_c_writes_the_finished_combinations_and_marks_the_report_incomplete() {
     use std::io::{BufRead, BufReader};
-    let d = tmp("sigint");
+    let dir = tmp("sigint");
+    let d = dir.path();
     let out = d.join("r.json");
     let mut child = bench()
         .args([
@@ -311,12 +309,12 @@ fn ctrl_c_writes_the_finished_combinations_and_marks_the_report_incomplete() {
     let (code, out_text, e) = run(&["validate", out.to_str().unwrap()]);
     assert_eq!(code, 0, "{e}");
     assert!(out_text.contains("incomplete"));
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn several_kernels_each_run_on_their_own_format() {
-    let d = tmp("kernels");
+    let dir = tmp("kernels");
+    let d = dir.path();
     let out = d.join("k.json");
     let (code, _, err) = run(&[
         "--model",
@@ -349,12 +347,12 @@ fn several_kernels_each_run_on_their_own_format() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("--kernels xnor"), "{err}");
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
-    let d = tmp("gguf-default");
+    let dir = tmp("gguf-default");
+    let d = dir.path();
     let (model, out) = (d.join("tiny-tq1.gguf"), d.join("g.json"));
     let (model, out) = (model.to_str().unwrap(), out.to_str().unwrap());
     let args =
@@ -403,12 +401,12 @@ fn a_gguf_file_is_swept_with_the_kernel_for_its_format_unless_told() {
     assert_eq!(code, 2);
     assert!(err.contains("mix tq2_0 and tq1_0") && err.contains("bitnet-bench run"), "{err}");
     assert!(!std::path::Path::new(out).exists());
-    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn counters_per_decode_step_leave_the_prefill_out() {
-    let d = tmp("counters");
+    let dir = tmp("counters");
+    let d = dir.path();
     let out = d.join("c.json");
     // A long prompt and two decode steps: had the prefill's counts been spread over the steps,
     // each step's task-clock would be at least half the prefill's. One thread: a pool worker
@@ -456,5 +454,4 @@ fn counters_per_decode_step_leave_the_prefill_out() {
         "task-clock per decode step {task_ns} ns is of the order of the prefill's {ttft_ns} ns: {}",
         res["counters"]
     );
-    let _ = std::fs::remove_dir_all(d);
 }

@@ -8,19 +8,9 @@ fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
 }
 
-/// A scratch directory removed when the test ends, pass or fail.
-struct TmpDir(PathBuf);
-impl TmpDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("bitnet-text-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        TmpDir(d)
-    }
-}
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail).
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-text-{tag}-")).tempdir().unwrap()
 }
 
 fn ok(out: Output) -> String {
@@ -43,8 +33,8 @@ fn tiny_gguf(dir: &Path) -> PathBuf {
 
 #[test]
 fn tokenize_prints_pieces_or_ids_as_llama_tokenize_does() {
-    let dir = TmpDir::new("tokenize");
-    let file = tiny_gguf(&dir.0);
+    let dir = tmp("tokenize");
+    let file = tiny_gguf(dir.path());
     let m = file.to_str().unwrap();
     let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
     let want = tok.encode("Hi é", true, true);
@@ -63,7 +53,7 @@ fn tokenize_prints_pieces_or_ids_as_llama_tokenize_does() {
     assert_eq!(lines[4], "    75 -> 'H'");
     assert_eq!(lines[1], "   229 -> '\\xE2'", "a byte that is not UTF-8 alone is escaped");
     // Text that looks like a special token: the token when parsed, its bytes when not.
-    let text = dir.0.join("special.txt");
+    let text = dir.path().join("special.txt");
     std::fs::write(&text, "a<s>").unwrap();
     let parsed = ok(bench().args(["tokenize", "--model", m, "--ids", "--file"]).arg(&text).output().unwrap());
     let plain =
@@ -96,7 +86,7 @@ fn tokenize_matches_llama_tokenize_on_llama_3s_vocabulary() {
 
 #[test]
 fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
-    let dir = TmpDir::new("prompt");
+    let dir = tmp("prompt");
     // The committed trained model (models/), so the text is the model's, not noise.
     let file = bitnet_bench::trained::model("i2_s");
     let m = file.to_str().unwrap();
@@ -124,7 +114,7 @@ fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
     assert!(words.len() >= 8, "{new:?}");
     let letters = new.chars().filter(|c| c.is_ascii_alphabetic() || *c == ' ').count();
     assert!(letters as f64 >= 0.85 * new.chars().count() as f64, "{new:?}");
-    let prompt_file = dir.0.join("prompt.txt");
+    let prompt_file = dir.path().join("prompt.txt");
     std::fs::write(&prompt_file, prompt).unwrap();
     let from_file = ok(bench()
         .args(["run", "--model", m, "--n-predict", "24", "--prompt-file"])
@@ -136,8 +126,8 @@ fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
 
 #[test]
 fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
-    let dir = TmpDir::new("errors");
-    let file = tiny_gguf(&dir.0);
+    let dir = tmp("errors");
+    let file = tiny_gguf(dir.path());
     // The same model with its tokenizer keys removed.
     let bytes = std::fs::read(&file).unwrap();
     let f = bitnet_engine::gguf::GgufFile::parse(&bytes).unwrap();
@@ -152,9 +142,9 @@ fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
             data: f.data(t).to_vec(),
         })
         .collect();
-    let bare = dir.0.join("bare.gguf");
+    let bare = dir.path().join("bare.gguf");
     bitnet_engine::gguf::writer::write_raw(&bare, &meta, &tensors).unwrap();
-    let not_utf8 = dir.0.join("latin1.txt");
+    let not_utf8 = dir.path().join("latin1.txt");
     std::fs::write(&not_utf8, b"caf\xe9").unwrap();
     let b = bare.to_str().unwrap();
     let m = file.to_str().unwrap();
@@ -180,11 +170,11 @@ fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
 /// marked `text` and naming the file; a preset (random weights, no tokenizer) is refused.
 #[test]
 fn sweep_quality_text_measures_on_the_text_and_says_so() {
-    let dir = TmpDir::new("quality-text");
-    let file = tiny_gguf(&dir.0);
-    let text = dir.0.join("text.txt");
+    let dir = tmp("quality-text");
+    let file = tiny_gguf(dir.path());
+    let text = dir.path().join("text.txt");
     std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(4)).unwrap();
-    let report = dir.0.join("r.json");
+    let report = dir.path().join("r.json");
     let out = bench()
         .args(["--quick", "--quiet", "--threads", "1", "--kv-precisions", "f16", "int4", "--model"])
         .arg(&file)
@@ -232,8 +222,8 @@ fn sweep_quality_text_measures_on_the_text_and_says_so() {
 /// preset's random weights estimate no model's quality) and says so above the table.
 #[test]
 fn a_presets_sweep_measures_quality_on_the_trained_model() {
-    let dir = TmpDir::new("default-quality");
-    let report = dir.0.join("r.json");
+    let dir = tmp("default-quality");
+    let report = dir.path().join("r.json");
     let out = bench()
         .args(["--quick", "--threads", "1", "--kv-precisions", "f16", "int4", "--model", "tiny", "--json-report"])
         .arg(&report)

@@ -1,34 +1,15 @@
 //! The `bitnet-diff` binary: exit codes, formats, environment checks and malformed input.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn data(name: &str) -> String {
     format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A fresh scratch directory, removed when the test ends (pass or fail), so runs leave nothing
-/// in the system's temporary directory.
-struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmp(name: &str) -> TmpDir {
-    let d = std::env::temp_dir().join(format!("bitnet-diff-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    TmpDir(d)
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail), so runs
+/// leave nothing in the system's temporary directory.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-diff-cli-{name}-")).tempdir().unwrap()
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -60,12 +41,13 @@ fn scale_samples(v: &mut serde_json::Value, f: f64) {
 
 #[test]
 fn exit_codes_and_formats() {
-    let d = tmp("codes");
+    let dir = tmp("codes");
+    let d = dir.path();
     let (code, out, err) = run(&[&data("aa-a1.json"), &data("aa-a2.json")]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("0 regressions"), "{out}");
     // 25% slower decode: resolved even in the noisiest configuration of quiet.json.
-    let slow = edited(&d, "slow.json", |v| scale_samples(v, 0.75));
+    let slow = edited(d, "slow.json", |v| scale_samples(v, 0.75));
     let quiet = data("quiet.json");
     let (code, out, _) = run(&[&quiet, &slow, "--format", "markdown"]);
     assert_eq!(code, 1, "{out}");
@@ -96,11 +78,12 @@ fn exit_codes_and_formats() {
 
 #[test]
 fn a_roofline_fraction_taken_at_another_bus_level_is_inconclusive() {
-    let d = tmp("levels");
+    let dir = tmp("levels");
+    let d = dir.path();
     // Batch-1 decode at 90% of a 33 GB/s bus, then at 73% of a 57 GB/s one (the same code:
     // Zen 4 VMs move between those levels), then at 73% of the same 33 GB/s bus.
     let at = |name: &str, gbps: f64, fraction: f64| {
-        edited(&d, name, move |v| {
+        edited(d, name, move |v| {
             for r in v["results"].as_array_mut().unwrap() {
                 let dec = &mut r["decode"];
                 dec["probes_gbps"] = serde_json::json!([gbps, gbps * 1.01, gbps * 0.99, gbps]);
@@ -125,15 +108,16 @@ fn a_roofline_fraction_taken_at_another_bus_level_is_inconclusive() {
 
 #[test]
 fn added_removed_and_environment() {
-    let d = tmp("env");
-    let fewer = edited(&d, "fewer.json", |v| {
+    let dir = tmp("env");
+    let d = dir.path();
+    let fewer = edited(d, "fewer.json", |v| {
         v["results"].as_array_mut().unwrap().pop();
     });
     let (code, out, _) = run(&[&data("quiet.json"), &fewer]);
     assert_eq!(code, 0);
     assert!(out.contains("removed (only in"), "{out}");
     // The same, from an interrupted run: the gate fails (unless --fail-on never) and says why.
-    let cut = edited(&d, "cut.json", |v| {
+    let cut = edited(d, "cut.json", |v| {
         v["results"].as_array_mut().unwrap().pop();
         v["complete"] = false.into();
     });
@@ -146,13 +130,13 @@ fn added_removed_and_environment() {
     assert_eq!(code, 0, "an incomplete BASE only gets a note");
     assert!(out.contains("BASE is incomplete"), "{out}");
     // Settings and huge pages that move the figures are environment differences.
-    let other_settings = edited(&d, "settings.json", |v| {
+    let other_settings = edited(d, "settings.json", |v| {
         v["settings"]["max_new_tokens"] = 64.into();
         v["settings"]["warmup"] = 0.into();
         v["system"]["transparent_hugepage"] = "never".into();
         v["system"]["huge_pages_requested"] = false.into();
     });
-    let thp = edited(&d, "thp.json", |v| {
+    let thp = edited(d, "thp.json", |v| {
         v["system"]["transparent_hugepage"] = "madvise".into();
         v["system"]["huge_pages_requested"] = true.into();
     });
@@ -166,7 +150,7 @@ fn added_removed_and_environment() {
     ] {
         assert!(err.contains(w), "{w}: {err}");
     }
-    let other_cpu = edited(&d, "cpu.json", |v| v["system"]["cpu_model"] = "Other CPU".into());
+    let other_cpu = edited(d, "cpu.json", |v| v["system"]["cpu_model"] = "Other CPU".into());
     let (code, _, err) = run(&[&data("quiet.json"), &other_cpu]);
     assert_eq!(code, 0);
     assert!(err.contains("warning: CPU model differs"), "{err}");
@@ -174,7 +158,7 @@ fn added_removed_and_environment() {
     assert_eq!(code, 2);
     assert!(err.contains("--strict-env") && err.contains("CPU model"), "{err}");
     // The same CPU name on another generation: told apart by its caches and features.
-    let other_gen = edited(&d, "gen.json", |v| {
+    let other_gen = edited(d, "gen.json", |v| {
         v["system"]["l1d_kib"] = 48.into();
         v["system"]["cpu_features"].as_array_mut().unwrap().push("avx512_vp2intersect".into());
     });
@@ -188,8 +172,8 @@ fn added_removed_and_environment() {
         serde_json::json!({"vendor": "AuthenticAMD", "family": family, "model": 17, "stepping": 1,
                            "microarchitecture": micro})
     };
-    let zen4 = edited(&d, "zen4.json", |v| v["system"]["cpu_id"] = id(25, "zen4"));
-    let zen5 = edited(&d, "zen5.json", |v| v["system"]["cpu_id"] = id(26, "zen5"));
+    let zen4 = edited(d, "zen4.json", |v| v["system"]["cpu_id"] = id(25, "zen4"));
+    let zen5 = edited(d, "zen5.json", |v| v["system"]["cpu_id"] = id(26, "zen5"));
     let (code, _, err) = run(&[&zen4, &zen5]);
     assert_eq!(code, 0);
     let want = "warning: CPU (CPUID) differs: zen4, AuthenticAMD family 25 model 17 stepping 1 vs zen5, AuthenticAMD family 26";
@@ -197,14 +181,14 @@ fn added_removed_and_environment() {
     let (_, _, err) = run(&[&data("quiet.json"), &zen5]);
     assert!(!err.contains("CPUID"), "{err}");
     // Unknown on one side (as in an imported llama-bench report): not a difference.
-    let unknown = edited(&d, "unknown.json", |v| {
+    let unknown = edited(d, "unknown.json", |v| {
         v["system"]["l1d_kib"] = serde_json::Value::Null;
         v["system"]["cpu_features"] = serde_json::json!([]);
     });
     let (_, _, err) = run(&[&data("quiet.json"), &unknown]);
     assert!(!err.contains("L1d cache") && !err.contains("CPU feature list"), "{err}");
     // Same name, other weights (a preset against a GGUF file of its shapes).
-    let other_source = edited(&d, "source.json", |v| {
+    let other_source = edited(d, "source.json", |v| {
         v["model"]["source"] = "GGUF file m.gguf".into();
         v["model"]["weight_bytes"] = 1.into();
     });
@@ -212,7 +196,7 @@ fn added_removed_and_environment() {
     assert_eq!(code, 0);
     assert!(err.contains("warning: model source differs") && err.contains("warning: weight bytes differs"), "{err}");
     // A metric that cannot be ratioed is listed as not compared, not dropped unseen.
-    let zero = edited(&d, "zero.json", |v| {
+    let zero = edited(d, "zero.json", |v| {
         let s = &mut v["results"][0]["decode"]["tokens_per_sec"];
         let mut samples: Vec<f64> = s["samples"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         samples[0] = 0.0;
@@ -221,7 +205,7 @@ fn added_removed_and_environment() {
     let (code, out, err) = run(&[&data("quiet.json"), &zero]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("not compared:") && out.contains("decode.tokens_per_sec: the new report has"), "{out}");
-    let other_model = edited(&d, "model.json", |v| {
+    let other_model = edited(d, "model.json", |v| {
         for r in v["results"].as_array_mut().unwrap() {
             r["config"]["model"] = "other".into();
         }
@@ -233,7 +217,8 @@ fn added_removed_and_environment() {
 
 #[test]
 fn malformed_inputs_exit_2_with_the_file_and_json_path() {
-    let d = tmp("bad");
+    let dir = tmp("bad");
+    let d = dir.path();
     let text = std::fs::read_to_string(data("quiet.json")).unwrap();
     let trunc = d.join("trunc.json");
     std::fs::write(&trunc, &text[..text.len() / 2]).unwrap();
@@ -243,17 +228,17 @@ fn malformed_inputs_exit_2_with_the_file_and_json_path() {
         (trunc.to_string_lossy().into(), "not valid JSON"),
         (nan.to_string_lossy().into(), "not valid JSON"),
         (
-            edited(&d, "type.json", |v| v["results"][2]["prefill"]["ttft_ms"]["median"] = "fast".into()),
+            edited(d, "type.json", |v| v["results"][2]["prefill"]["ttft_ms"]["median"] = "fast".into()),
             "$.results[2].prefill.ttft_ms.median",
         ),
         (
-            edited(&d, "missing.json", |v| {
+            edited(d, "missing.json", |v| {
                 v["results"][0]["decode"].as_object_mut().unwrap().remove("tokens_per_sec");
             }),
             "$.results[0].decode",
         ),
-        (edited(&d, "empty.json", |v| v["results"] = serde_json::json!([])), "$.results is empty"),
-        (edited(&d, "schema.json", |v| v["schema_version"] = 7.into()), "schema_version 7"),
+        (edited(d, "empty.json", |v| v["results"] = serde_json::json!([])), "$.results is empty"),
+        (edited(d, "schema.json", |v| v["schema_version"] = 7.into()), "schema_version 7"),
         ("/nonexistent/base.json".into(), "/nonexistent/base.json"),
     ];
     for (file, needle) in cases {
@@ -273,7 +258,8 @@ fn malformed_inputs_exit_2_with_the_file_and_json_path() {
 
 #[test]
 fn history_database_compares_commits_and_prints_a_trend() {
-    let d = tmp("db");
+    let dir = tmp("db");
+    let d = dir.path();
     let db = d.join("history.sqlite");
     let quiet = bitnet_bench::report::load(std::path::Path::new(&data("quiet.json"))).unwrap();
     for (commit, f) in [("aaaa1111", 1.0), ("bbbb2222", 0.75), ("cccc3333", 0.8)] {
@@ -359,11 +345,12 @@ fn set_quality(v: &mut serde_json::Value, kl: f64, perplexity: Option<f64>) {
 /// compared by default with its own thresholds; synthetic quality is never gated.
 #[test]
 fn quality_on_real_text_is_gated_and_synthetic_quality_is_not() {
-    let d = tmp("quality");
-    let base = edited(&d, "base.json", |v| set_quality(v, 0.010, Some(12.0)));
-    let same = edited(&d, "same.json", |v| set_quality(v, 0.0102, Some(12.05)));
-    let worse_ppl = edited(&d, "worse-ppl.json", |v| set_quality(v, 0.010, Some(12.3)));
-    let worse_kl = edited(&d, "worse-kl.json", |v| set_quality(v, 0.020, Some(12.0)));
+    let dir = tmp("quality");
+    let d = dir.path();
+    let base = edited(d, "base.json", |v| set_quality(v, 0.010, Some(12.0)));
+    let same = edited(d, "same.json", |v| set_quality(v, 0.0102, Some(12.05)));
+    let worse_ppl = edited(d, "worse-ppl.json", |v| set_quality(v, 0.010, Some(12.3)));
+    let worse_kl = edited(d, "worse-kl.json", |v| set_quality(v, 0.020, Some(12.0)));
     let (code, out, err) = run(&[&base, &same]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("quality.perplexity") && out.contains("quality.kl_divergence"), "compared by default: {out}");
@@ -385,13 +372,13 @@ fn quality_on_real_text_is_gated_and_synthetic_quality_is_not() {
         .collect();
     assert!(!verdicts.is_empty() && verdicts.iter().all(|v| *v == "regression"), "{verdicts:?}");
     // Synthetic figures, even 10× worse: not gated, and said so.
-    let syn_base = edited(&d, "syn-base.json", |v| set_quality(v, 0.01, None));
-    let syn_worse = edited(&d, "syn-worse.json", |v| set_quality(v, 0.1, None));
+    let syn_base = edited(d, "syn-base.json", |v| set_quality(v, 0.01, None));
+    let syn_worse = edited(d, "syn-worse.json", |v| set_quality(v, 0.1, None));
     let (code, out, _) = run(&[&syn_base, &syn_worse, "--metrics", "quality.kl_divergence"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("synthetic") && out.contains("not gated"), "{out}");
     // A KL of 0 (a run against itself) against a positive one still compares.
-    let zero = edited(&d, "zero.json", |v| set_quality(v, 0.0, Some(12.0)));
+    let zero = edited(d, "zero.json", |v| set_quality(v, 0.0, Some(12.0)));
     let (code, out, _) = run(&[&zero, &worse_kl]);
     assert_eq!(code, 1, "{out}");
 }

@@ -2,7 +2,7 @@
 //! with the wrong FFN activation is a regression (exit 1) against the right one, even though it
 //! is exactly as fast.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
@@ -12,13 +12,6 @@ use bitnet_bench::perplexity::{
 };
 use bitnet_engine::model::FfnActivation;
 use bitnet_engine::{KvPrecision, Model};
-
-struct TmpDir(PathBuf);
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 const CTX: usize = 128;
 /// The trained model's BOS (`<|begin_of_text|>`, id 0).
@@ -71,8 +64,7 @@ fn diff(a: &Path, b: &Path) -> (i32, String) {
 
 #[test]
 fn the_wrong_ffn_activation_is_a_regression_against_the_right_one() {
-    let dir = TmpDir(std::env::temp_dir().join(format!("bitnet-diff-gate-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = tempfile::Builder::new().prefix("bitnet-diff-gate-").tempdir().unwrap();
     // The trained model is ReLU²-gated (as 2B4T); the same weights run with SiLU are the wrong
     // model (what llama.cpp's `bitnet` graph would compute).
     let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models");
@@ -85,10 +77,10 @@ fn the_wrong_ffn_activation_is_a_regression_against_the_right_one() {
     assert_eq!(tok.bos(), Some(BOS));
     let text = std::fs::read_to_string(models.join("rustdocs-heldout.txt")).unwrap();
     let tokens = tok.encode(&text, true, false);
-    let base = dir.0.join("base.kl");
+    let base = dir.path().join("base.kl");
     run(&right, &tokens, &base, true);
     let write = |name: &str, r: &PerplexityResult| {
-        let p = dir.0.join(name);
+        let p = dir.path().join(name);
         std::fs::write(&p, serde_json::to_string_pretty(r).unwrap()).unwrap();
         p
     };

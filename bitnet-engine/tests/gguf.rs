@@ -171,8 +171,8 @@ fn malformed_headers_name_what_is_wrong() {
 
 #[test]
 fn saved_models_load_back_with_the_same_weights() {
-    let dir = std::env::temp_dir().join(format!("bitnet-gguf-save-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp("save");
+    let dir = scratch.path();
     let original = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 5, 2).unwrap();
     for format in [WeightFormat::Tq2_0, WeightFormat::Tq1_0] {
         let path = dir.join(format!("tiny-{format}.gguf"));
@@ -210,7 +210,6 @@ fn saved_models_load_back_with_the_same_weights() {
         .to_string();
     assert!(e.contains("TQ2_0") && e.contains("I2_S"), "{e}");
     assert!(!dir.join("x.gguf").exists());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A Q6_K embedding (what llama.cpp's quantizer writes for BitNet models) is kept as stored:
@@ -220,8 +219,8 @@ fn saved_models_load_back_with_the_same_weights() {
 #[test]
 fn q6_k_embeddings_are_run_and_saved_as_stored() {
     use bitnet_engine::formats::{EmbeddingRows, Q6kRows};
-    let dir = std::env::temp_dir().join(format!("bitnet-gguf-q6k-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp("q6k");
+    let dir = scratch.path();
     let mut model = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 9, 2).unwrap();
     let (vocab, hidden) = (model.config.vocab, model.config.hidden);
     model.weights.token_embd = Q6kRows::random(vocab, hidden, 2e-4, 11).unwrap().into();
@@ -249,15 +248,14 @@ fn q6_k_embeddings_are_run_and_saved_as_stored() {
     bad[at..at + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
     let e = try_load(&bad).unwrap_err();
     assert!(e.contains("token_embd.weight") && e.contains("row 7, block 0") && e.contains("non-finite"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn projection_scale_tensors_load_and_scale_outputs() {
     // llama.cpp's `bitnet` models may carry blk.N.<proj>.scale: one F32 that multiplies the
     // projection's output (conversions that keep ternary weights and their scales apart).
-    let dir = std::env::temp_dir().join(format!("bitnet-gguf-scale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp("scale");
+    let dir = scratch.path();
     let mut model = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 8, 2).unwrap();
     model.weights.layers[0].out_scales = [0.5, 2.0, 1.0, 0.25, 1.5, 0.75, 3.0];
     model.weights.layers[1].out_scales[6] = 0.125;
@@ -304,7 +302,6 @@ fn projection_scale_tensors_load_and_scale_outputs() {
     bad[dim..dim + 8].copy_from_slice(&2u64.to_le_bytes());
     let e = try_load(&bad).unwrap_err();
     assert!(e.contains("blk.0.attn_q.scale"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -336,19 +333,9 @@ fn raw_tensors(f: &GgufFile<'_>) -> Vec<bitnet_engine::gguf::writer::RawTensor> 
         .collect()
 }
 
-/// A scratch directory removed when the test ends, pass or fail.
-struct TmpDir(std::path::PathBuf);
-impl TmpDir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("bitnet-gguf-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        TmpDir(d)
-    }
-}
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail).
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-gguf-{tag}-")).tempdir().unwrap()
 }
 
 /// `path` rewritten with `edit` applied to its metadata (tensors unchanged), as `out`.
@@ -380,12 +367,12 @@ fn rename_arch(meta: &mut [(String, bitnet_engine::gguf::Value)], from: &str, to
 fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
     use bitnet_engine::gguf::Value;
     use bitnet_engine::model::{ActivationSource, ModelSource};
-    let dir = TmpDir::new("activation");
+    let dir = tmp("activation");
     // tiny is ReLU²-gated: saved as TQ2_0 it is written under bitnet-25 (llama.cpp's `bitnet`
     // graph would run it with SiLU), with the activation under the key llama.cpp defines.
     let relu = bitnet_engine::Model::synthetic("tiny", WeightFormat::Tq2_0, 3, 2).unwrap();
     assert_eq!(relu.config.activation, FfnActivation::ReluSquared);
-    let saved = dir.0.join("relu.gguf");
+    let saved = dir.path().join("relu.gguf");
     bitnet_engine::gguf::save_model(&relu, WeightFormat::Tq2_0, &saved).unwrap();
     let bytes = std::fs::read(&saved).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
@@ -397,7 +384,7 @@ fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
     // A SiLU model goes under llama.cpp's `bitnet`.
     let mut silu = relu.clone();
     silu.config.activation = FfnActivation::Silu;
-    let saved_silu = dir.0.join("silu.gguf");
+    let saved_silu = dir.path().join("silu.gguf");
     bitnet_engine::gguf::save_model(&silu, WeightFormat::Tq1_0, &saved_silu).unwrap();
     let bytes = std::fs::read(&saved_silu).unwrap();
     assert_eq!(GgufFile::parse(&bytes).unwrap().get("general.architecture").unwrap().as_str(), Some("bitnet"));
@@ -409,7 +396,7 @@ fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
         ("bitnet-b1.58", FfnActivation::ReluSquared),
         ("bitnet-25", FfnActivation::ReluSquared),
     ] {
-        let out = dir.0.join(format!("{arch}.gguf"));
+        let out = dir.path().join(format!("{arch}.gguf"));
         with_metadata(&saved, &out, |meta| {
             meta.retain(|(k, _)| !k.ends_with(".hidden_activation"));
             rename_arch(meta, "bitnet-25", arch);
@@ -431,7 +418,7 @@ fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
         ("bitnet-b1.58.hidden_activation", "silu", FfnActivation::Silu),
         ("bitnet_perf.ffn_activation", "silu", FfnActivation::Silu),
     ] {
-        let out = dir.0.join("key.gguf");
+        let out = dir.path().join("key.gguf");
         with_metadata(&saved, &out, |meta| {
             meta.retain(|(k, _)| !k.ends_with(".hidden_activation"));
             rename_arch(meta, "bitnet-25", "bitnet-b1.58");
@@ -442,7 +429,7 @@ fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
         assert_eq!(m.config.activation_source, ActivationSource::MetadataKey(key.into()));
     }
     // An activation this engine cannot run is refused by key and value.
-    let out = dir.0.join("gelu.gguf");
+    let out = dir.path().join("gelu.gguf");
     with_metadata(&saved, &out, |meta| {
         for (k, v) in meta.iter_mut() {
             if k == "bitnet-25.hidden_activation" {
@@ -462,9 +449,9 @@ fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
 /// format i2 and read back as the ReLU²-gated graph with the same ternary values.
 #[test]
 fn i2_s_files_in_the_official_layout_load_as_the_2b4t_graph() {
-    let dir = TmpDir::new("i2s");
+    let dir = tmp("i2s");
     let model = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 6, 2).unwrap();
-    let path = dir.0.join("official.gguf");
+    let path = dir.path().join("official.gguf");
     bitnet_engine::gguf::save_model(&model, WeightFormat::I2, &path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
@@ -476,7 +463,7 @@ fn i2_s_files_in_the_official_layout_load_as_the_2b4t_graph() {
     let q = f.tensor("blk.1.attn_q.weight").unwrap();
     assert_eq!((q.ggml_type.name(), q.size), ("I2_S", 256 * 256 / 4 + 32));
     // Without the activation key, the architecture alone makes it ReLU²-gated.
-    let bare = dir.0.join("bare.gguf");
+    let bare = dir.path().join("bare.gguf");
     with_metadata(&path, &bare, |meta| meta.retain(|(k, _)| !k.ends_with(".hidden_activation")));
     let loaded = load_model(&bare).unwrap();
     assert_eq!((loaded.config.activation, loaded.config.tied_embeddings), (FfnActivation::ReluSquared, true));
@@ -490,7 +477,7 @@ fn i2_s_files_in_the_official_layout_load_as_the_2b4t_graph() {
 
 #[test]
 fn duplicate_tensor_names_and_keys_are_refused_by_name() {
-    let dir = TmpDir::new("dup");
+    let dir = tmp("dup");
     let bytes = read("tiny-bitnet.gguf");
     let f = GgufFile::parse(&bytes).unwrap();
     let mut tensors = raw_tensors(&f);
@@ -498,7 +485,7 @@ fn duplicate_tensor_names_and_keys_are_refused_by_name() {
     let mut dup = tensors.remove(copy);
     dup.name = "blk.0.ffn_norm.weight".into();
     tensors.push(dup);
-    let path = dir.0.join("dup.gguf");
+    let path = dir.path().join("dup.gguf");
     bitnet_engine::gguf::writer::write_raw(&path, &f.metadata, &tensors).unwrap();
     let e = load_model(&path).unwrap_err().to_string();
     assert!(e.contains("blk.0.ffn_norm.weight") && e.contains("more than once") && e.contains("dup.gguf"), "{e}");
@@ -515,9 +502,9 @@ fn duplicate_tensor_names_and_keys_are_refused_by_name() {
 /// loads.
 #[test]
 fn i2_s_tensors_damaged_by_multithreaded_quantization_are_named() {
-    let dir = TmpDir::new("damaged");
+    let dir = tmp("damaged");
     let model = bitnet_engine::Model::synthetic("tiny", WeightFormat::I2, 6, 2).unwrap();
-    let path = dir.0.join("healthy.gguf");
+    let path = dir.path().join("healthy.gguf");
     bitnet_engine::gguf::save_model(&model, WeightFormat::I2, &path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
@@ -537,7 +524,7 @@ fn i2_s_tensors_damaged_by_multithreaded_quantization_are_named() {
             data.extend([0u8; 28]);
         }
         t.data = data;
-        let out = dir.0.join("damaged.gguf");
+        let out = dir.path().join("damaged.gguf");
         bitnet_engine::gguf::writer::write_raw(&out, &f.metadata, &tensors).unwrap();
         let e = load_model(&out).unwrap_err().to_string();
         assert!(

@@ -1,20 +1,23 @@
 //! The `bitnet-trace` binary: exit codes, error messages, no partial files, `--dhat`, `diff`.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_bitnet-trace"))
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("bitnet-trace-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail). The tests'
+/// `--out` directories are paths inside it that do not exist yet: the tool creates them.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-trace-cli-{name}-")).tempdir().unwrap()
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let o = bin().args(args).output().unwrap();
+    output(bin().args(args))
+}
+
+fn output(cmd: &mut Command) -> (i32, String, String) {
+    let o = cmd.output().unwrap();
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into(),
@@ -24,7 +27,8 @@ fn run(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
-    let out = tmp("bad");
+    let dir = tmp("bad");
+    let out = dir.path().join("out");
     let o = out.to_str().unwrap();
     let cases: [(&[&str], &str); 6] = [
         (&["--model", "tiny", "--kv", "int3", "--out", o], "int3"),
@@ -58,19 +62,20 @@ fn bad_input_exits_2_naming_the_flag_and_writes_nothing() {
 #[test]
 fn an_unwritable_out_dir_is_a_clear_error() {
     // A regular file where the directory's parent should be.
-    let f = tmp("file");
+    let dir = tmp("file");
+    let f = dir.path().join("file");
     std::fs::write(&f, b"x").unwrap();
     let out = f.join("sub");
     let (code, _, err) =
         run(&["--model", "tiny", "--context-length", "8", "--tokens", "2", "--out", out.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--out"), "{err}");
-    let _ = std::fs::remove_file(&f);
 }
 
 #[test]
 fn dhat_and_diff() {
-    let a = tmp("a");
+    let dir = tmp("dhat");
+    let a = dir.path().join("a");
     let (code, table, err) = run(&[
         "--model",
         "tiny",
@@ -89,7 +94,7 @@ fn dhat_and_diff() {
     let heap: serde_json::Value = serde_json::from_slice(&std::fs::read(a.join("dhat-heap.json")).unwrap()).unwrap();
     assert!(heap["dhatFileVersion"].is_number());
 
-    let b = tmp("b");
+    let b = dir.path().join("b");
     let (code, _, err) = run(&[
         "--model",
         "tiny",
@@ -106,7 +111,7 @@ fn dhat_and_diff() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(!b.join("trace.json").exists(), "aggregate level writes no timeline");
-    let svg = tmp("diff.svg");
+    let svg = dir.path().join("diff.svg");
     let (code, _, err) = run(&[
         "diff",
         a.join("stages.folded").to_str().unwrap(),
@@ -126,15 +131,12 @@ fn dhat_and_diff() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("summary.json") && err.contains("folded"), "{err}");
-    for d in [a, b] {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    let _ = std::fs::remove_file(svg);
 }
 
 #[test]
 fn the_lut_form_is_traced_as_one_lookup_stage() {
-    let out = tmp("lut");
+    let dir = tmp("lut");
+    let out = dir.path().join("out");
     let (code, stdout, err) = run(&[
         "--model",
         "tiny",
@@ -158,13 +160,12 @@ fn the_lut_form_is_traced_as_one_lookup_stage() {
     assert!(!stdout.contains("unpack_dot"), "nothing is unpacked: {stdout}");
     let folded = std::fs::read_to_string(out.join("stages.folded")).unwrap();
     assert!(folded.lines().any(|l| l.contains(";lookup ")), "{folded}");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn a_gguf_file_is_traced_with_the_kernel_for_its_format_unless_told() {
-    let out = tmp("gguf-default");
-    std::fs::create_dir_all(&out).unwrap();
+    let scratch = tmp("gguf-default");
+    let out = scratch.path();
     let model = out.join("tiny-tq2.gguf");
     let tiny = bitnet_engine::Model::synthetic("tiny", bitnet_engine::WeightFormat::Tq2_0, 42, 1).unwrap();
     bitnet_engine::gguf::save_model(&tiny, bitnet_engine::WeightFormat::Tq2_0, &model).unwrap();
@@ -193,13 +194,15 @@ fn a_gguf_file_is_traced_with_the_kernel_for_its_format_unless_told() {
     assert_eq!(code, 2);
     assert!(err.contains("mix tq2_0 and tq1_0"), "{err}");
     assert!(!out.join("mixed").exists());
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
-    let out = tmp("pprof-few");
-    let (code, stdout, err) = run(&[
+    let dir = tmp("pprof-few");
+    let out = dir.path().join("out");
+    // pprof's sampler creates an empty temporary file it never removes (it lives in a static):
+    // with TMPDIR inside this test's directory, it goes when the directory does.
+    let (code, stdout, err) = output(bin().env("TMPDIR", dir.path()).args([
         "--model",
         "tiny",
         "--context-length",
@@ -212,7 +215,7 @@ fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
         "--pprof",
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ]));
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("check not run: pprof took only"), "{stdout}");
     // (The wall-time check may fail on a busy machine; the pprof one must not.)
@@ -220,12 +223,12 @@ fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["consistency"]["pprof"]["ok"], true, "not run is not failed: {summary}");
     assert_eq!(summary["consistency"]["not_run"].as_array().map(|a| a.len()), Some(1), "{summary}");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn a_trace_into_an_earlier_traces_directory_leaves_none_of_its_files_behind() {
-    let out = tmp("rerun");
+    let dir = tmp("rerun");
+    let out = dir.path().join("out");
     let o = out.to_str().unwrap();
     let base = ["--model", "tiny", "--context-length", "4", "--tokens", "2", "--no-counters", "--out", o];
     let (code, _, err) = run(&[&base[..], &["--level", "timeline"]].concat());
@@ -239,20 +242,19 @@ fn a_trace_into_an_earlier_traces_directory_leaves_none_of_its_files_behind() {
     assert!(!out.join("trace.json").exists(), "the earlier run's trace.json is still there");
     assert!(out.join("notes.txt").is_file(), "files the tool did not write are left alone");
     // A directory that held no trace keeps even files with a trace's names.
-    let user = tmp("rerun-user");
+    let user = dir.path().join("user");
     std::fs::create_dir_all(&user).unwrap();
     std::fs::write(user.join("trace.json"), "{}").unwrap();
     let u = user.to_str().unwrap();
     let (code, _, err) = run(&[&base[..7], &["--out", u, "--level", "aggregate"]].concat());
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read_to_string(user.join("trace.json")).unwrap(), "{}");
-    let _ = std::fs::remove_dir_all(&user);
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn the_summary_says_which_ffn_activation_ran_and_why() {
-    let out = tmp("activation");
+    let dir = tmp("activation");
+    let out = dir.path().join("out");
     let o = out.to_str().unwrap();
     let base = ["--model", "tiny", "--context-length", "4", "--tokens", "2", "--no-counters", "--level", "aggregate"];
     let (code, stdout, err) = run(&[&base[..], &["--out", o]].concat());
@@ -266,5 +268,4 @@ fn the_summary_says_which_ffn_activation_ran_and_why() {
         (summary["run"]["ffn_activation"].as_str(), summary["run"]["ffn_activation_source"].as_str()),
         (Some("silu"), Some("--ffn-activation"))
     );
-    let _ = std::fs::remove_dir_all(&out);
 }

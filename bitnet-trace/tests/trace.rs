@@ -16,10 +16,10 @@ fn tiny_opts() -> TraceOptions {
     TraceOptions { model: "tiny".into(), context_length: 16, tokens: 4, counters: false, ..Default::default() }
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("bitnet-trace-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail). The trace
+/// goes to `out` inside it, which does not exist yet: run_trace creates it.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("bitnet-trace-test-{name}-")).tempdir().unwrap()
 }
 
 /// The stacks of a tiny run weighted by span counts, as committed in `golden/`. One thread,
@@ -61,7 +61,8 @@ fn folded_stack_structure_matches_the_golden_file() {
 
 #[test]
 fn a_traced_run_writes_every_file_and_a_consistent_summary() {
-    let out = tmp("run");
+    let dir = tmp("run");
+    let out = dir.path().join("out");
     let o = run_trace(&TraceOptions { counters: true, ..tiny_opts() }, &out).unwrap();
     let names: Vec<String> = o.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["flamegraph.svg", "stages.folded", "summary.json", "trace.json"]);
@@ -144,7 +145,6 @@ fn a_traced_run_writes_every_file_and_a_consistent_summary() {
             assert!((r["pct_of_peak"].as_f64().unwrap() - rate / peak * 100.0).abs() < 1e-9, "{r}");
         }
     }
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
@@ -174,7 +174,8 @@ fn software_counters_count_when_hardware_ones_are_missing() {
 
 #[test]
 fn a_failed_run_leaves_no_files() {
-    let out = tmp("bad");
+    let dir = tmp("bad");
+    let out = dir.path().join("out");
     let err = run_trace(&TraceOptions { context_length: 250, tokens: 10, ..tiny_opts() }, &out).err().unwrap();
     assert!(format!("{err:#}").contains("--context-length 250"), "{err:#}");
     assert!(!out.exists(), "nothing written");
