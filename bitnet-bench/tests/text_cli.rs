@@ -166,6 +166,12 @@ fn text_commands_without_a_tokenizer_or_text_exit_2_naming_what_is_missing() {
     }
 }
 
+/// A quiet one-thread `--quick` sweep with `args`, and the report it wrote to `report`.
+fn quick_sweep(args: &[&str], report: &str) -> serde_json::Value {
+    ok(bench().args(["--quick", "--quiet", "--threads", "1", "--json-report", report]).args(args).output().unwrap());
+    serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap()
+}
+
 /// `--quality-text`: each KV precision's quality on real text with the model's tokenizer,
 /// marked `text` and naming the file; a preset (random weights, no tokenizer) is refused.
 #[test]
@@ -175,17 +181,8 @@ fn sweep_quality_text_measures_on_the_text_and_says_so() {
     let text = dir.path().join("text.txt");
     std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(4)).unwrap();
     let report = dir.path().join("r.json");
-    let out = bench()
-        .args(["--quick", "--quiet", "--threads", "1", "--kv-precisions", "f16", "int4", "--model"])
-        .arg(&file)
-        .arg("--quality-text")
-        .arg(&text)
-        .arg("--json-report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    ok(out);
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let (file_s, text_s, report_s) = (file.to_str().unwrap(), text.to_str().unwrap(), report.to_str().unwrap());
+    let r = quick_sweep(&["--kv-precisions", "f16", "int4", "--model", file_s, "--quality-text", text_s], report_s);
     for x in r["results"].as_array().unwrap() {
         let q = &x["quality"];
         assert_eq!(q["source"], "text", "{q}");
@@ -203,17 +200,8 @@ fn sweep_quality_text_measures_on_the_text_and_says_so() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --quality-text"));
     // --quality-model measures on another model than the swept one, and the report names it.
-    let out = bench()
-        .args(["--quick", "--quiet", "--threads", "1", "--kv-precisions", "f16", "--model", "tiny", "--quality-model"])
-        .arg(&file)
-        .arg("--quality-text")
-        .arg(&text)
-        .arg("--json-report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    ok(out);
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let args = ["--kv-precisions", "f16", "--model", "tiny", "--quality-model", file_s, "--quality-text", text_s];
+    let r = quick_sweep(&args, report_s);
     let q = &r["results"][0]["quality"];
     assert_eq!((q["source"].as_str(), q["model"].as_str()), (Some("text"), Some("tiny.gguf")), "{q}");
 }
