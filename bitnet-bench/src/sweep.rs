@@ -532,17 +532,19 @@ fn quality_source(
         },
         (None, None, _) => return Ok((None, None)),
     };
-    let tok_path = match (&model_path, source) {
-        (Some(m), _) => m.clone(),
-        (None, ModelSource::Gguf(p)) => p.clone(),
+    // Which flag (or default) named the measuring model, for errors; the engine's name the file.
+    let (tok_path, who) = match (&model_path, source) {
+        (Some(m), _) if spec.quality_model.is_some() => (m.clone(), "--quality-model"),
+        (Some(m), _) => (m.clone(), "the committed trained model (models/)"),
+        (None, ModelSource::Gguf(p)) => (p.clone(), "--model"),
         (None, ModelSource::Preset(_)) => unreachable!("a preset's text needs a quality model"),
     };
     let tok = bitnet_engine::gguf::load_tokenizer(&tok_path)
-        .with_context(|| format!("the quality text needs the measuring model's tokenizer: {}", tok_path.display()))?;
+        .with_context(|| format!("{who}: the quality text needs the measuring model's tokenizer"))?;
     let tokens = quality_tokens(&tok, &text)?;
     let model = match model_path {
         Some(p) => {
-            let m = bitnet_engine::gguf::load_model(&p).with_context(|| format!("--quality-model {}", p.display()))?;
+            let m = bitnet_engine::gguf::load_model(&p).with_context(|| who.to_string())?;
             let name = p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
             Some((m, name))
         }

@@ -4,7 +4,8 @@
 //! quality on this model instead (the speed figures stay on the preset, whose size is real).
 //!
 //! Found through this crate's source directory at build time: a `bitnet-bench` built from the
-//! repository finds it; one copied elsewhere falls back to `synthetic` quality, and says so.
+//! repository finds it; one copied elsewhere falls back to random token ids on the preset, and
+//! its `kl / top1` column says `synthetic`.
 
 use std::path::PathBuf;
 
