@@ -1,10 +1,8 @@
 //! The binary's face: a quick kernel sweep prints a table; bad flags exit 2 naming the flag.
 
-use std::process::Command;
+use common::bench;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
-}
+mod common;
 
 #[test]
 fn quick_kernel_sweep_prints_a_table_with_the_probe_and_ratios() {
@@ -327,13 +325,7 @@ fn batched_run_decodes_every_sequence_like_a_single_run() {
 fn run_save_gguf_writes_the_weights_the_sweep_measures() {
     let scratch = tempfile::Builder::new().prefix("bitnet-cli-save-").tempdir().unwrap();
     let dir = scratch.path();
-    let file = dir.join("tiny.gguf");
-    let out = bench()
-        .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let file = common::tiny_gguf(dir);
     // The sweep's and the tracer's default seed.
     let swept = bitnet_engine::Model::synthetic("tiny", bitnet_engine::WeightFormat::Tq2_0, 42, 1).unwrap();
     let saved = bitnet_engine::gguf::load_model(&file).unwrap();

@@ -6,26 +6,18 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use bitnet_bench::perplexity;
+use common::{bench, tiny_gguf};
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
-}
+mod common;
 
-/// A test's own scratch directory, uniquely named and removed when dropped (pass or fail).
+/// A test's own scratch directory.
 fn tmp() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("bitnet-ppl-cli-").tempdir().unwrap()
+    common::tmp("bitnet-ppl-cli-")
 }
 
-/// The tiny preset (ReLU²) saved as TQ2_0 in `dir`, with its byte-token vocabulary.
+/// The tiny preset saved as GGUF in `dir` (see `common::tiny_gguf`), as a path string.
 fn model(dir: &Path) -> String {
-    let p = dir.join("tiny.gguf");
-    let out = bench()
-        .args(["run", "--model", "tiny", "--format", "tq2_0", "--tokens", "1", "--n-predict", "1", "--save-gguf"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    p.to_string_lossy().into_owned()
+    tiny_gguf(dir).to_string_lossy().into_owned()
 }
 
 fn text(dir: &Path, name: &str, sentences: usize) -> String {

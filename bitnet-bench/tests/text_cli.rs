@@ -1,34 +1,21 @@
 //! Text in and out: `tokenize` as llama-tokenize prints it, `run --prompt` streaming text, and
 //! clear errors for models without a tokenizer.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bitnet-bench"))
-}
+use common::{bench, tiny_gguf};
 
-/// A fresh, uniquely named scratch directory, removed when dropped (pass or fail).
+mod common;
+
+/// A scratch directory for one test, named after it.
 fn tmp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("bitnet-text-{tag}-")).tempdir().unwrap()
+    common::tmp(&format!("bitnet-text-{tag}-"))
 }
 
 fn ok(out: Output) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// The tiny preset saved as GGUF: its minimal llama vocabulary has `<s>`, `</s>` and the 256
-/// byte tokens, so text tokenizes to bytes after llama's leading `▁`.
-fn tiny_gguf(dir: &Path) -> PathBuf {
-    let file = dir.join("tiny.gguf");
-    let out = bench()
-        .args(["run", "--model", "tiny", "--tokens", "1", "--n-predict", "1", "--format", "tq2_0", "--save-gguf"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    ok(out);
-    file
 }
 
 #[test]
