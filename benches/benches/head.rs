@@ -1,4 +1,4 @@
-//! The Q6_K LM head (`kernels::q6k_rows_matmul`) on 2B4T's width (2560 columns), B = 1 and
+//! The Q6_K LM head (`matmul::q6k_rows_matmul`) on 2B4T's width (2560 columns), B = 1 and
 //! B = 8: 128 rows in cache (269 KB, one core's L2) and 32768 rows streamed (69 MB, twice
 //! the L3), at the AVX2 level and (B = 8) the AVX-512 VNNI one (on the 16-row groups a batched
 //! model state makes), with the portable loop as the same-run reference in cache.
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bitnet_benches::activations;
 use bitnet_engine::formats::Q6kRows;
-use bitnet_engine::kernels::q6k_rows_matmul;
+use bitnet_engine::matmul::q6k_rows_matmul;
 use bitnet_engine::IsaLevel;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 

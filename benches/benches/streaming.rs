@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bitnet_benches::activations;
-use bitnet_engine::bandwidth::{ProbeBuffer, DEFAULT_PROBE_BYTES};
+use bitnet_engine::probes::bandwidth::{ProbeBuffer, DEFAULT_PROBE_BYTES};
 use bitnet_engine::{Kernel, KernelFamily, KernelScratch, PackedWeights};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 

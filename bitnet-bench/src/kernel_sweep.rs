@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::bandwidth::{measure_read_bandwidth, BandwidthReport};
-use bitnet_engine::compute_peak::{self, ComputePeakReport};
 use bitnet_engine::formats::Q6kRows;
-use bitnet_engine::kernels::{q6k_groups_used, q6k_rows_matmul};
+use bitnet_engine::matmul::{q6k_groups_used, q6k_rows_matmul};
+use bitnet_engine::probes::bandwidth::{measure_read_bandwidth, BandwidthReport};
+use bitnet_engine::probes::compute_peak::{self, ComputePeakReport};
 use bitnet_engine::{ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelScratch, ModelConfig, PackedWeights};
 
 /// The preset whose linear-layer shapes the sweep runs unless told otherwise.
@@ -92,7 +92,7 @@ impl Default for SweepOptions {
             min_time: Duration::from_millis(40),
             samples: 7,
             streaming_bytes: 512 << 20,
-            probe_bytes: bitnet_engine::bandwidth::DEFAULT_PROBE_BYTES,
+            probe_bytes: bitnet_engine::probes::bandwidth::DEFAULT_PROBE_BYTES,
             shapes: preset_shapes(DEFAULT_SHAPES).expect("a known preset"),
             head: Some(preset_head(DEFAULT_SHAPES).expect("a known preset")),
             head_isas: vec![IsaLevel::Scalar, IsaLevel::best()],

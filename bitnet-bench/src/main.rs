@@ -417,7 +417,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Perplexity(a)) => return perplexity(a),
         Some(Command::Kernels(a)) => a,
         Some(Command::Pipes { passes }) => {
-            let r = bitnet_engine::compute_peak::measure_pipe_mixes(passes).context("--passes")?;
+            let r = bitnet_engine::probes::compute_peak::measure_pipe_mixes(passes).context("--passes")?;
             print!("{}", bitnet_bench::pipes::table(&r));
             return Ok(());
         }

@@ -13,7 +13,7 @@ use bitnet_engine::tokenizer::Tokenizer;
 use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use serde_json::json;
 
-pub use bitnet_engine::model::ModelSource;
+pub use bitnet_engine::gguf::ModelSource;
 
 /// The `--model` argument: a preset or a GGUF file.
 pub fn resolve(model: &str) -> Result<ModelSource> {
@@ -40,7 +40,7 @@ pub fn tokenizer(model: &str) -> Result<Tokenizer> {
             "--model {model}: a preset has synthetic weights and no tokenizer (metadata key 'tokenizer.ggml.model'); give a GGUF file, or token ids with --tokens"
         ),
         ModelSource::Gguf(path) => {
-            bitnet_engine::gguf::load_tokenizer(&path).with_context(|| format!("--model {}", path.display()))
+            bitnet_engine::tokenizer::load_tokenizer(&path).with_context(|| format!("--model {}", path.display()))
         }
     }
 }
@@ -228,7 +228,7 @@ pub struct RunOutcome {
 /// chosen, to stream text.
 pub fn run(a: &RunArgs, mut on_token: impl FnMut(u32)) -> Result<RunOutcome> {
     if a.pin {
-        bitnet_engine::model::pool::check_pinnable(a.threads)
+        bitnet_engine::pool::check_pinnable(a.threads)
             .map_err(|e| anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", a.threads))?;
     }
     let (model, _source) = load(&a.model, a.format, a.seed, a.threads, a.ffn_activation)?;

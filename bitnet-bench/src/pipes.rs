@@ -1,8 +1,8 @@
-//! `bitnet-bench pipes`: the pipe probe's table (see `bitnet_engine::compute_peak::PipeMix`),
+//! `bitnet-bench pipes`: the pipe probe's table (see `bitnet_engine::probes::compute_peak::PipeMix`),
 //! which shows on this CPU whether lookups, bf16 products or adds can add int8 arithmetic
 //! beside `vpdpbusd`, the bound of batched decode and prefill.
 
-use bitnet_engine::compute_peak::{PipeMix, PipeMixReport};
+use bitnet_engine::probes::compute_peak::{PipeMix, PipeMixReport};
 
 /// The table printed by `bitnet-bench pipes`, with the legend that says how products are counted
 /// and what the last column means.

@@ -112,7 +112,7 @@ pub struct Roofline {
     /// The compute roofline: G int8 multiply-adds per second per `ISA/threads` of the sweep
     /// (`avx512/2`), each the higher of the probes before and after the runs, each the best of
     /// several passes of independent chains of the level's int8 product on registers
-    /// (`bitnet_engine::compute_peak`: `vpdpbusd` zmm at avx512; `vpmaddubsw` + `vpaddw` ymm
+    /// (`bitnet_engine::probes::compute_peak`: `vpdpbusd` zmm at avx512; `vpmaddubsw` + `vpaddw` ymm
     /// at avx2); absent for scalar kernels, older and imported reports.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub int8_peak_gmacs: BTreeMap<String, f64>,

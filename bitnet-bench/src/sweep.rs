@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::bandwidth::{measure_read_bandwidth, ProbeBuffer};
-use bitnet_engine::compute_peak;
 use bitnet_engine::formats::tq1_lut::lut_table_bytes;
 use bitnet_engine::formats::tq1_perm::perm_table_bytes;
+use bitnet_engine::gguf::ModelSource;
 use bitnet_engine::instrument::{Level, Phase};
-use bitnet_engine::kernels::LUT_MAX_BATCH;
-use bitnet_engine::model::{argmax, kv_quality, prefill, FfnActivation, ModelSource};
+use bitnet_engine::matmul::LUT_MAX_BATCH;
+use bitnet_engine::model::{argmax, kv_quality, prefill, FfnActivation};
+use bitnet_engine::probes::bandwidth::{measure_read_bandwidth, ProbeBuffer};
+use bitnet_engine::probes::compute_peak;
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 
 use crate::report::{
@@ -215,7 +216,7 @@ pub fn preflight(spec: &SweepSpec, runner: &dyn Runner, combos: &[Combo]) -> Res
         }
     }
     for t in spec.threads.iter().filter(|_| spec.pin) {
-        bitnet_engine::model::pool::check_pinnable(*t)
+        bitnet_engine::pool::check_pinnable(*t)
             .map_err(|e| anyhow::anyhow!("--pin with --threads {t}: {e} (lower --threads or drop --pin)"))?;
     }
     let max = runner.max_context();
@@ -539,7 +540,7 @@ fn quality_source(
         (None, ModelSource::Gguf(p)) => (p.clone(), "--model"),
         (None, ModelSource::Preset(_)) => unreachable!("a preset's text needs a quality model"),
     };
-    let tok = bitnet_engine::gguf::load_tokenizer(&tok_path)
+    let tok = bitnet_engine::tokenizer::load_tokenizer(&tok_path)
         .with_context(|| format!("{who}: the quality text needs the measuring model's tokenizer"))?;
     let tokens = quality_tokens(&tok, &text)?;
     let model = match model_path {

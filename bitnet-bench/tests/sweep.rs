@@ -550,7 +550,7 @@ fn bytes_per_step_is_the_mean_over_the_steps_kv_positions() {
 fn pinning_more_threads_than_cores_is_refused_before_anything_runs() {
     let stop = AtomicBool::new(false);
     let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: None };
-    let cores = bitnet_engine::model::pool::pinnable_cores();
+    let cores = bitnet_engine::pool::pinnable_cores();
     let s = SweepSpec { pin: true, threads: vec![1, cores + 1], ..spec() };
     let e = run_sweep(&s, &mut runner, &stop, |_| Ok(())).unwrap_err().to_string();
     assert!(
@@ -574,7 +574,7 @@ fn a_lookup_form_above_its_batch_limit_counts_the_blocks_the_fused_form_reads() 
     }
     let lut = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Lut).unwrap();
     let fused = Kernel::new(KernelFamily::Tq1, IsaLevel::Avx2, KernelForm::Fused).unwrap();
-    let max = bitnet_engine::kernels::LUT_MAX_BATCH;
+    let max = bitnet_engine::matmul::LUT_MAX_BATCH;
     for (batch, runs) in [(1, lut), (max, lut), (max + 1, fused)] {
         let combo = Combo { kernel: lut, batch, context_length: 8, kv: KvPrecision::F16, threads: 1 };
         let p = runner.prepare(&combo, 4).unwrap();

@@ -23,7 +23,7 @@ fn tokenize_prints_pieces_or_ids_as_llama_tokenize_does() {
     let dir = tmp("tokenize");
     let file = tiny_gguf(dir.path());
     let m = file.to_str().unwrap();
-    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    let tok = bitnet_engine::tokenizer::load_tokenizer(&file).unwrap();
     let want = tok.encode("Hi é", true, true);
     // BOS, then ▁ (E2 96 81), H, i, ▁, é (C3 A9): byte tokens are id = byte + 3.
     assert_eq!(
@@ -77,7 +77,7 @@ fn run_prompt_streams_the_text_of_the_tokens_it_generates() {
     // The committed trained model (models/), so the text is the model's, not noise.
     let file = bitnet_bench::trained::model("i2_s");
     let m = file.to_str().unwrap();
-    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    let tok = bitnet_engine::tokenizer::load_tokenizer(&file).unwrap();
     let prompt = "The borrow checker";
     let ids = tok.encode(prompt, true, true);
     let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();

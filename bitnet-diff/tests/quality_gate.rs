@@ -73,7 +73,7 @@ fn the_wrong_ffn_activation_is_a_regression_against_the_right_one() {
     assert_eq!(right.config.activation, FfnActivation::ReluSquared);
     let mut wrong = right.clone();
     wrong.config.override_activation(FfnActivation::Silu);
-    let tok = bitnet_engine::gguf::load_tokenizer(&file).unwrap();
+    let tok = bitnet_engine::tokenizer::load_tokenizer(&file).unwrap();
     assert_eq!(tok.bos(), Some(BOS));
     let text = std::fs::read_to_string(models.join("rustdocs-heldout.txt")).unwrap();
     let tokens = tok.encode(&text, true, false);

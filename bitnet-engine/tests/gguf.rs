@@ -365,8 +365,9 @@ fn rename_arch(meta: &mut [(String, bitnet_engine::gguf::Value)], from: &str, to
 
 #[test]
 fn the_ffn_activation_follows_the_key_then_the_architecture_then_the_flag() {
+    use bitnet_engine::gguf::ModelSource;
     use bitnet_engine::gguf::Value;
-    use bitnet_engine::model::{ActivationSource, ModelSource};
+    use bitnet_engine::model::ActivationSource;
     let dir = tmp("activation");
     // tiny is ReLU²-gated: saved as TQ2_0 it is written under bitnet-25 (llama.cpp's `bitnet`
     // graph would run it with SiLU), with the activation under the key llama.cpp defines.

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use bitnet_engine::formats::{BlockTq1_0, BlockTq2_0, Tq1Matrix, Tq2Matrix, QK_K};
-use bitnet_engine::kernels::LUT_MAX_BATCH;
+use bitnet_engine::matmul::LUT_MAX_BATCH;
 use bitnet_engine::rng::SplitMix64;
 use bitnet_engine::{
     ActivationBatch, IsaLevel, Kernel, KernelFamily, KernelForm, KernelScratch, PackedWeights, ScratchNeeds,
@@ -125,7 +125,7 @@ fn every_kernel_equals_oracle_on_issue_shapes() {
 #[test]
 fn int8_rows_equal_plain_loops() {
     use bitnet_engine::formats::Int8Rows;
-    use bitnet_engine::kernels::int8_rows_matmul;
+    use bitnet_engine::matmul::int8_rows_matmul;
     let mut g = SplitMix64::new(23);
     for k in [256usize, 300, 2560] {
         let n = 37;
@@ -178,7 +178,7 @@ fn int8_rows_equal_plain_loops() {
 #[test]
 fn q6k_rows_equal_plain_loops() {
     use bitnet_engine::formats::{Q6kRowGroups, Q6kRows, Q6K_BLOCK_BYTES};
-    use bitnet_engine::kernels::{q6k_groups_matmul, q6k_rows_matmul};
+    use bitnet_engine::matmul::{q6k_groups_matmul, q6k_rows_matmul};
     for k in [256usize, 512, 768, 2560, 19 * 256] {
         let n = 21;
         let random = Q6kRows::random(n, k, 0.05, k as u64).unwrap();
@@ -598,7 +598,7 @@ proptest! {
 /// stage of every family runs and returns a checksum.
 #[test]
 fn split_stages_run_alone() {
-    use bitnet_engine::kernels::SplitStage;
+    use bitnet_engine::matmul::SplitStage;
     for family in [KernelFamily::I2s, KernelFamily::Tq2, KernelFamily::Tq1, KernelFamily::Xnor] {
         let (n, k, b) = (40, 512, 2);
         let w = family.native_format().random(n, k, 0.02, 3).unwrap();

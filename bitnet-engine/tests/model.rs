@@ -1,7 +1,7 @@
 //! The model on the `tiny` preset: the fast forward against the plain reference, threads and
 //! kernels giving identical logits, batching, KV precisions, and a golden greedy sequence.
 
-use bitnet_engine::kernels::LUT_MAX_BATCH;
+use bitnet_engine::matmul::LUT_MAX_BATCH;
 use bitnet_engine::model::reference::reference_logits;
 use bitnet_engine::model::{greedy, greedy_batch, kv_quality, prefill, Generation};
 use bitnet_engine::{

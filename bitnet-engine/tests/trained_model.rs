@@ -7,8 +7,9 @@
 
 use std::path::PathBuf;
 
-use bitnet_engine::gguf::{load_model, load_tokenizer};
+use bitnet_engine::gguf::load_model;
 use bitnet_engine::model::{argmax, greedy, prefill, FfnActivation};
+use bitnet_engine::tokenizer::load_tokenizer;
 use bitnet_engine::{KvPrecision, LogitsFor, Model, State, StateOptions};
 use serde_json::Value;
 

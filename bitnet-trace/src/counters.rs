@@ -229,7 +229,7 @@ pub fn isolated_stages(
     kernel: bitnet_engine::Kernel,
     batch: usize,
 ) -> Vec<IsolatedStage> {
-    use bitnet_engine::kernels::SplitStage;
+    use bitnet_engine::matmul::SplitStage;
     use bitnet_engine::{ActivationBatch, KernelScratch};
     let Some(tid) = current_tid() else { return Vec::new() };
     let lw = &model.weights.layers[0];

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::compute_peak;
+use bitnet_engine::gguf::ModelSource;
 use bitnet_engine::instrument::{clock, Level, Phase, Stage};
-use bitnet_engine::model::{argmax, prefill, FfnActivation, ModelSource};
+use bitnet_engine::model::{argmax, prefill, FfnActivation};
+use bitnet_engine::probes::compute_peak;
 use bitnet_engine::{
     IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat,
 };
@@ -170,7 +171,7 @@ fn check(opts: &TraceOptions, model: &Model) -> Result<()> {
         }
     }
     if opts.pin {
-        bitnet_engine::model::pool::check_pinnable(opts.threads).map_err(|e| {
+        bitnet_engine::pool::check_pinnable(opts.threads).map_err(|e| {
             anyhow::anyhow!("--pin with --threads {}: {e} (lower --threads or drop --pin)", opts.threads)
         })?;
     }

@@ -69,7 +69,7 @@ pub struct Summary {
 pub struct ComputeReport {
     /// The ISA level whose peak was probed (the kernel's).
     pub isa: String,
-    /// The instructions the probe ran (`bitnet_engine::compute_peak`).
+    /// The instructions the probe ran (`bitnet_engine::probes::compute_peak`).
     pub instruction: String,
     /// G multiply-adds per second of one thread while all the run's threads ran the probe
     /// (best pass ÷ threads).

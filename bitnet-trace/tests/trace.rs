@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
+use bitnet_engine::gguf::ModelSource;
 use bitnet_engine::instrument::Level;
-use bitnet_engine::model::ModelSource;
 use bitnet_engine::{KernelForm, KvPrecision, State, StateOptions, WeightFormat};
 use bitnet_trace::counters::Counters;
 use bitnet_trace::folded::{folded, Weight};

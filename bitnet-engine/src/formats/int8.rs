@@ -5,9 +5,9 @@
 //! operand; `Σ w·x = Σ (w + 128)·x − 128·Σ x`, the same trick the ternary formats use. Rows are
 //! padded to a multiple of 256 columns with code 128 (weight 0) to match activation padding.
 
-use crate::activations::{round_even, ACT_PAD};
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
+use crate::formats::QK_K;
 
 /// An int8 matrix with a scale per row.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +42,8 @@ impl Int8Rows {
 
     /// All-zero weights of this shape (to be filled with [`Int8Rows::set_row`]).
     pub fn zeroed(rows: usize, cols: usize) -> Self {
-        let stride = cols.div_ceil(ACT_PAD) * ACT_PAD;
+        // Padded to whole blocks, as the activations are (`ACT_PAD`), so a row and a token line up.
+        let stride = cols.div_ceil(QK_K) * QK_K;
         Self { rows, cols, stride, codes: AlignedBytes::filled(rows * stride, 128), scales: vec![0.0; rows] }
     }
 
@@ -108,6 +109,15 @@ impl Int8Rows {
     pub fn byte_len(&self) -> usize {
         self.rows * (self.stride + 4)
     }
+}
+
+/// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
+/// bitnet.cpp's `nearest_int` and PyTorch's `round` do. `f32::round_ties_even` gives the same
+/// result but compiles to a libm call per value on baseline x86-64.
+#[inline(always)]
+pub(crate) fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 × 2^23
+    (v + MAGIC) - MAGIC
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ impl Q6kRows {
     /// `d × scale × (q − 32)` in f32, as ggml and the `gguf` package dequantize.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         for (b, o) in self.row(r).chunks_exact(Q6K_BLOCK_BYTES).zip(out.chunks_mut(QK_K)) {
-            crate::gguf::types::decode_q6k_block(b, o);
+            decode_q6k_block(b, o);
         }
     }
 
@@ -158,6 +158,30 @@ pub(crate) fn block_code(b: &[u8], w: usize) -> u8 {
 
 fn block_d(b: &[u8]) -> f16 {
     f16::from_bits(u16::from_le_bytes([b[208], b[209]]))
+}
+
+/// One Q6_K block (ggml `block_q6_K`: `ql[128]`, `qh[64]`, `scales[16]` i8, `d` f16): 6-bit
+/// values q − 32 (low 4 bits in ql, high 2 in qh) times d × the 16-value sub-block's scale.
+pub fn decode_q6k_block(b: &[u8], out: &mut [f32]) {
+    let (ql, rest) = b.split_at(128);
+    let (qh, rest) = rest.split_at(64);
+    let (sc, d) = rest.split_at(16);
+    let d = f16::from_le_bytes([d[0], d[1]]).to_f32();
+    for half in 0..2 {
+        let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+        let y = &mut out[128 * half..128 * (half + 1)];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+            y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+            y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+            y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+        }
+    }
 }
 
 #[cfg(test)]

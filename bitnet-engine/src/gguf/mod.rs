@@ -3,6 +3,7 @@
 
 pub mod load;
 pub mod reader;
+pub mod source;
 pub mod types;
 pub mod writer;
 
@@ -12,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::forward::Model;
 
 pub use reader::{GgufFile, TensorDesc, Value};
+pub use source::ModelSource;
 pub use types::GgmlType;
 pub use writer::save_model;
 
@@ -23,12 +25,6 @@ pub fn load_model(path: &Path) -> Result<Model> {
     })
 }
 
-/// The tokenizer in `path`'s metadata. Errors name the file (and the missing key of a model
-/// that has no tokenizer).
-pub fn load_tokenizer(path: &Path) -> Result<crate::tokenizer::Tokenizer> {
-    with_parsed(path, crate::tokenizer::Tokenizer::from_gguf)
-}
-
 /// The hyperparameters in `path`'s metadata, without loading the weights.
 pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
     with_parsed(path, |parsed| {
@@ -38,7 +34,7 @@ pub fn read_config(path: &Path) -> Result<crate::model::ModelConfig> {
 }
 
 /// Maps and parses `path`, then runs `f` on it; errors from either name the file.
-fn with_parsed<T>(path: &Path, f: impl FnOnce(&GgufFile<'_>) -> Result<T>) -> Result<T> {
+pub(crate) fn with_parsed<T>(path: &Path, f: impl FnOnce(&GgufFile<'_>) -> Result<T>) -> Result<T> {
     let ctx = |e: Error| Error::Format(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| Error::Format(format!("{}: cannot open: {e}", path.display())))?;
     // SAFETY: the map is read-only and private to this process; it stays valid while `map`

@@ -21,9 +21,9 @@ use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, Tq1Matrix, Tq2Matri
 use crate::gguf::load::hidden_activation_key;
 use crate::gguf::reader::Value;
 use crate::gguf::types::{encode_i2s, GgmlType};
-use crate::model::config::FfnActivation;
 use crate::model::forward::Model;
 use crate::model::weights::LayerWeights;
+use crate::ops::FfnActivation;
 
 const ALIGNMENT: usize = 32;
 

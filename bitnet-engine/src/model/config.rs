@@ -5,50 +5,7 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
-/// The gating non-linearity of the feed-forward block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FfnActivation {
-    /// `silu(gate) × up` (1bitLLM BitNet b1.58 models, LLaMA).
-    Silu,
-    /// `relu(gate)² × up` (BitNet b1.58 2B4T).
-    ReluSquared,
-}
-
-impl FfnActivation {
-    pub fn name(self) -> &'static str {
-        match self {
-            FfnActivation::Silu => "silu",
-            FfnActivation::ReluSquared => "relu2",
-        }
-    }
-
-    /// The activation a `<arch>.hidden_activation` value names: llama.cpp's names for SiLU
-    /// (`silu`, `swish`, `swiglu`) and the usual names of ReLU² (Hugging Face's `relu2`).
-    pub fn from_metadata(value: &str) -> Option<Self> {
-        match value {
-            "silu" | "swish" | "swiglu" => Some(FfnActivation::Silu),
-            "relu2" | "relu_squared" | "relu_sqr" | "squared_relu" => Some(FfnActivation::ReluSquared),
-            _ => None,
-        }
-    }
-}
-
-impl FromStr for FfnActivation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "silu" => Ok(FfnActivation::Silu),
-            "relu2" => Ok(FfnActivation::ReluSquared),
-            _ => Err(Error::UnknownName { what: "FFN activation", got: s.to_string(), expected: "silu, relu2".into() }),
-        }
-    }
-}
-
-impl fmt::Display for FfnActivation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::ops::FfnActivation;
 
 /// Where a model's FFN activation was decided: users compare our figures with llama.cpp's and
 /// bitnet.cpp's, which decide it differently for the same file, so every tool says which rule won.
@@ -202,11 +159,11 @@ impl ModelConfig {
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!("heads ({}) must be a multiple of kv_heads ({})", self.heads, self.kv_heads));
         }
-        if self.head_dim() > crate::kernels::MAX_HEAD_DIM {
+        if self.head_dim() > crate::attention::MAX_HEAD_DIM {
             return bad(format!(
                 "head dimension ({}) is above the supported {}",
                 self.head_dim(),
-                crate::kernels::MAX_HEAD_DIM
+                crate::attention::MAX_HEAD_DIM
             ));
         }
         if !self.head_dim().is_multiple_of(2) {

@@ -4,21 +4,23 @@
 use std::ops::Range;
 
 use crate::activations::ActivationBatch;
+use crate::attention::KvPrecision;
+use crate::attention::{
+    attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
+    attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
+    attention_weighted_sum_group_encoded, decode_kv_rows, encoded_groups_read_once, ENCODED_CHUNK_VALUES,
+};
 use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, PackedWeights, WeightFormat};
 use crate::instrument::{clock, Level, Op, Phase, SpanCtx, Stage, ThreadRecorder};
-use crate::kernels::{
-    attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
-    attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
-    attention_weighted_sum_group_encoded, decode_kv_rows, encoded_groups_read_once, head_matmul, prefetch_l2,
-    q6k_groups_used, rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_8_cols_to_rows, transpose_cols_into,
-    Kernel, KernelFamily, KernelForm, KernelScratch, ENCODED_CHUNK_VALUES,
-};
+use crate::matmul::{head_matmul, q6k_groups_used, Kernel, KernelFamily, KernelForm, KernelScratch};
 use crate::model::config::{FfnActivation, ModelConfig};
-use crate::model::kv_cache::{KvCache, KvPrecision, KvRows};
-use crate::model::ops::{add_in_place, rope, rope_angles, transpose_into};
-use crate::model::pool::{chunk_range, Ahead, Columns, ScatterTarget, WorkerPool};
+use crate::model::kv_cache::{KvCache, KvRows};
 use crate::model::weights::Weights;
+use crate::ops::portable::{add_in_place, rope, rope_angles, transpose_into};
+use crate::ops::{rms_norm_in_place, rms_norm_rows, softmax_in_place, transpose_8_cols_to_rows, transpose_cols_into};
+use crate::pool::{chunk_range, Ahead, Columns, ScatterTarget, WorkerPool};
+use crate::simd::prefetch_l2;
 
 /// A model: its config and weights.
 #[derive(Debug, Clone)]
@@ -163,7 +165,7 @@ impl State {
         }
         let kernel = opts.kernel;
         let kernels = || model.weights.layers.iter().flat_map(|l| l.linears()).map(|w| kernel_for(kernel, w));
-        let extras = ActivationExtras { planes: kernels().any(|k| k.family() == crate::kernels::KernelFamily::Xnor) };
+        let extras = ActivationExtras { planes: kernels().any(|k| k.family() == crate::matmul::KernelFamily::Xnor) };
         // Repacks made now, in parallel, rather than by the first matmul of each matrix mid-run.
         model.weights.prepare_repacks(kernel, opts.threads);
         let rows = opts.max_rows;
@@ -874,7 +876,7 @@ fn linear_gated(
                 if wk.rec.on() {
                     t = record_matmul(&mut wk.rec, &mut wk.kernel, ku, up.2, t, up_bytes * r.len() as u64 / n as u64);
                 }
-                crate::kernels::gated_activation(activation, cg, cu);
+                crate::ops::gated_activation(activation, cg, cu);
                 t = wk.rec.end(act_ctx, Stage::FfnAct, t, 0);
                 if scatter && rows > 1 {
                     scatter_block(block, &mut cols);
@@ -905,7 +907,7 @@ fn linear_gated(
 /// take their own rows in halves of what is left (see `Blocks::next_block`), so a small block
 /// costs no more kernel calls than a large one until the end of the run, where it lets a
 /// thread that finished take over the other's last rows.
-const BLOCK_ROWS: usize = crate::kernels::ROW_BLOCK;
+const BLOCK_ROWS: usize = crate::matmul::ROW_BLOCK;
 
 /// Up to this many rows per forward call (decode steps, not prompts), the lines the caller's
 /// serial stages between projections will touch are prefetched: the cache lines the layer's
@@ -1530,7 +1532,7 @@ fn attention(
 /// The index of the largest logit (the first one on ties; a NaN never wins, unless it is the
 /// first logit): see `ops::argmax_portable`.
 pub fn argmax(logits: &[f32]) -> u32 {
-    crate::kernels::argmax(logits)
+    crate::ops::argmax(logits)
 }
 
 #[cfg(test)]

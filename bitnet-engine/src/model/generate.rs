@@ -1,9 +1,9 @@
 //! Driving the forward pass: prefill in chunks, greedy generation (one or B sequences in
 //! lock-step), and the KV-precision quality measurement.
 
+use crate::attention::KvPrecision;
 use crate::error::{Error, Result};
 use crate::model::forward::{argmax, LogitsFor, Model, State, StateOptions};
-use crate::model::kv_cache::KvPrecision;
 
 /// Feeds `tokens` to sequence `seq` from position `start`, `max_rows` at a time, and returns
 /// the row (in the last chunk) of the last position. With `logits_out`, every position's

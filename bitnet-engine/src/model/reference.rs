@@ -4,8 +4,8 @@
 //! activation quantization (q = round_half_even(x × 127 / absmax)) — not its code.
 
 use crate::formats::{EmbeddingRows, PackedWeights, QK_K};
-use crate::model::config::FfnActivation;
 use crate::model::forward::Model;
+use crate::ops::FfnActivation;
 
 /// Dense f32 copy of a ternary layer: `[rows, cols]` real weights (value × scale).
 struct Dense {

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::formats::{EmbeddingRows, Int8Rows, PackedWeights, WeightFormat};
-use crate::kernels::{Kernel, KernelFamily};
+use crate::matmul::{Kernel, KernelFamily};
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix64;
 
@@ -58,7 +58,7 @@ impl Weights {
 
     /// Multiply-adds of one token through the linear layers and the LM head (rows × columns
     /// of each): the work a batch-decode or prefill step is measured against the int8 peak
-    /// with ([`crate::compute_peak`]). Attention's float work, which grows with the context,
+    /// with ([`crate::probes::compute_peak`]). Attention's float work, which grows with the context,
     /// is not counted.
     pub fn macs_per_token(&self) -> u64 {
         self.linear_macs_per_token() + self.head_macs_per_token()
@@ -105,7 +105,7 @@ impl Weights {
     /// Weight bytes a decode step of `batch` tokens reads with the kernels `forced` (or the best
     /// for each format): [`Weights::bytes_read_per_token`] with each linear counted as the
     /// kernel that runs that batch reads it (the `lut` and `perm` forms read TQ1_0's repack up
-    /// to [`LUT_MAX_BATCH`](crate::kernels::LUT_MAX_BATCH) tokens and hand larger batches to
+    /// to [`LUT_MAX_BATCH`](crate::matmul::LUT_MAX_BATCH) tokens and hand larger batches to
     /// the fused form, which reads the blocks).
     pub fn bytes_read_per_step_by(&self, forced: Option<Kernel>, batch: usize) -> usize {
         let linear: usize = self
@@ -156,7 +156,7 @@ impl Weights {
     pub fn grouped_head(&self, forced: Option<Kernel>, sequences: usize) -> Option<&crate::formats::Q6kRows> {
         let isa = Kernel::for_weights(forced, &self.layers.first()?.wq).isa();
         match self.lm_head() {
-            EmbeddingRows::Q6K(m) if crate::kernels::q6k_groups_used(isa, sequences) => Some(m),
+            EmbeddingRows::Q6K(m) if crate::matmul::q6k_groups_used(isa, sequences) => Some(m),
             _ => None,
         }
     }

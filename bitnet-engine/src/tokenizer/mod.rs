@@ -398,6 +398,12 @@ impl<'t> StreamDecoder<'t> {
     }
 }
 
+/// The tokenizer in `path`'s metadata. Errors name the file (and the missing key of a model
+/// that has no tokenizer).
+pub fn load_tokenizer(path: &std::path::Path) -> Result<Tokenizer> {
+    crate::gguf::with_parsed(path, Tokenizer::from_gguf)
+}
+
 fn wrong_type(key: &str, v: &Value, expected: &str) -> Error {
     Error::Format(format!("metadata key '{key}' is {v}; expected {expected}"))
 }

@@ -71,7 +71,7 @@ impl ProbeBuffer {
     /// their cores. Threads spawned for each probe between the steps of a large-preset decode
     /// read 27 and 57 GB/s in alternation while the steps between them ran at a steady speed;
     /// the pool's threads read 48-59 GB/s in the same setting.
-    pub fn read_gbps_on(&self, pool: &crate::model::pool::WorkerPool) -> (u64, f64) {
+    pub fn read_gbps_on(&self, pool: &crate::pool::WorkerPool) -> (u64, f64) {
         let per = (self.words.len() / 8).div_ceil(pool.threads()) * 8;
         let (sums, secs) = pool.timed_on_each(|i| {
             sum_words(&self.words[(i * per).min(self.words.len())..((i + 1) * per).min(self.words.len())])
@@ -89,7 +89,7 @@ impl ProbeBuffer {
             )));
         }
         // A persistent pool, as the decode has, its threads spinning between passes.
-        let pool = crate::model::pool::WorkerPool::new(threads, pin)?;
+        let pool = crate::pool::WorkerPool::new(threads, pin)?;
         let mut pass_gbps = Vec::with_capacity(passes);
         let mut checksum = 0;
         for pass in 0..=passes {
@@ -124,7 +124,7 @@ pub const DEFAULT_PROBE_BYTES: usize = 1 << 30;
 /// Wrapping sum of all words, with the widest loads this CPU has (the SIMD loops live in the
 /// kernels' ISA modules).
 pub fn sum_words(words: &[u64]) -> u64 {
-    crate::kernels::sum_words(words)
+    crate::probes::sum_words(words)
 }
 
 pub(crate) fn sum_words_portable(words: &[u64]) -> u64 {
@@ -155,7 +155,7 @@ mod tests {
         let buf = ProbeBuffer::new(1 << 20).unwrap();
         let expect = sum_words_portable(&buf.words);
         for (threads, pin) in [(1, false), (2, false), (3, false), (1, true), (2, true)] {
-            if pin && threads > crate::model::pool::pinnable_cores() {
+            if pin && threads > crate::pool::pinnable_cores() {
                 assert!(buf.measure(threads, 2, pin).is_err(), "more threads than cores cannot be pinned");
                 continue;
             }
@@ -164,7 +164,7 @@ mod tests {
             assert_eq!(r.pinned, pin);
             assert_eq!(r.pass_gbps.len(), 2);
             assert!(r.best_gbps > 0.0 && r.pass_gbps.iter().all(|g| *g <= r.best_gbps));
-            let (sum, gbps) = buf.read_gbps_on(&crate::model::pool::WorkerPool::new(threads, false).unwrap());
+            let (sum, gbps) = buf.read_gbps_on(&crate::pool::WorkerPool::new(threads, false).unwrap());
             assert_eq!(sum, expect);
             assert!(gbps > 0.0 && gbps.is_finite());
         }

@@ -5,15 +5,24 @@
 //! are valid unsigned operands of `vpdpbusd` / `vpmaddubsw`, and `dot(w, x) = dot(c, x) − sum(x)`.
 //! So each token keeps `sum(x)` over K and per 256-weight block (for the block-scaled formats).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::aligned::AlignedBytes;
 use crate::error::{Error, Result};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::x86_avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::x86_avx512::Avx512;
 
 /// Activations are stored padded with zeros to a multiple of this many columns, so every kernel
 /// can read whole 256-wide blocks; zeros contribute nothing to any dot product.
-pub const ACT_PAD: usize = 256;
+pub const ACT_PAD: usize = crate::formats::QK_K;
 /// Bit-planes of an int8 value (two's complement).
 pub const ACT_PLANES: usize = 8;
 /// Weight of plane p in two's complement: 2^p for p < 7, −128 for the sign plane.
@@ -62,15 +71,6 @@ fn new_stamp() -> u64 {
     NEXT_STAMP.fetch_add(1, Relaxed)
 }
 
-/// Round-half-to-even of |v| < 2^22 with only adds (vectorizes on baseline SSE2), as
-/// bitnet.cpp's `nearest_int` and PyTorch's `round` do. `f32::round_ties_even` gives the same
-/// result but compiles to a libm call per value on baseline x86-64.
-#[inline(always)]
-pub(crate) fn round_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 × 2^23
-    (v + MAGIC) - MAGIC
-}
-
 #[inline(always)]
 fn max_ignoring_nan(m: f32, x: f32) -> f32 {
     if x > m {
@@ -110,7 +110,7 @@ fn absmax(v: &[f32]) -> f32 {
 
 /// One token's per-token absmax quantization (see [`ActivationBatch::quantize`]): writes `dst`
 /// and returns the scale. Plain Rust, inlined into each ISA's compilation of it
-/// ([`crate::kernels::quantize_token`]); the results are identical at every level.
+/// ([`crate::activations::quantize_token`]); the results are identical at every level.
 #[inline(always)]
 pub(crate) fn quantize_token_portable(src: &[f32], dst: &mut [i8]) -> f32 {
     let absmax = absmax(src);
@@ -127,7 +127,7 @@ pub(crate) fn quantize_token_portable(src: &[f32], dst: &mut [i8]) -> f32 {
 }
 
 /// Σ of each 16 values of `q` (`q.len()` = 16 · `subs.len()`): the definition of
-/// `kernels::sub_sums`.
+/// `activations::sub_sums`.
 pub(crate) fn sub_sums_portable(q: &[i8], subs: &mut [i16]) {
     for (s, chunk) in subs.iter_mut().zip(q.chunks_exact(16)) {
         *s = chunk.iter().map(|v| *v as i16).sum();
@@ -198,7 +198,7 @@ impl ActivationBatch {
         for b in 0..self.batch {
             let src = &x[b * cols..(b + 1) * cols];
             let dst = &mut self.values.as_i8_mut()[b * padded..b * padded + cols];
-            self.scales[b] = crate::kernels::quantize_token(src, dst);
+            self.scales[b] = crate::activations::quantize_token(src, dst);
         }
         self.finish();
         Ok(())
@@ -230,7 +230,7 @@ impl ActivationBatch {
         for b in 0..self.batch {
             let q = &self.values.as_i8()[b * self.padded..(b + 1) * self.padded];
             let subs = &mut self.sub_sums[b * nsub..(b + 1) * nsub];
-            crate::kernels::sub_sums(q, subs);
+            crate::activations::sub_sums(q, subs);
             let mut total = 0i32;
             for (blk, chunk) in subs.chunks_exact(ACT_PAD / 16).enumerate() {
                 let s: i32 = chunk.iter().map(|v| *v as i32).sum();
@@ -247,11 +247,11 @@ impl ActivationBatch {
     /// Asks for the buffers [`Self::quantize`] writes in L2 (see `forward`'s `linear`).
     pub fn prefetch(&self) {
         let (n, s) = (self.batch * self.padded, self.batch * self.padded / 16);
-        crate::kernels::prefetch_l2(&self.values.as_i8()[..n]);
-        crate::kernels::prefetch_l2(&self.sub_sums[..s]);
-        crate::kernels::prefetch_l2(&self.block_sums[..self.batch * self.padded / ACT_PAD]);
-        crate::kernels::prefetch_l2(&self.scales[..self.batch]);
-        crate::kernels::prefetch_l2(&self.sums[..self.batch]);
+        crate::simd::prefetch_l2(&self.values.as_i8()[..n]);
+        crate::simd::prefetch_l2(&self.sub_sums[..s]);
+        crate::simd::prefetch_l2(&self.block_sums[..self.batch * self.padded / ACT_PAD]);
+        crate::simd::prefetch_l2(&self.scales[..self.batch]);
+        crate::simd::prefetch_l2(&self.sums[..self.batch]);
     }
 
     /// Makes room for the Q6_K offsets of every token the batch can hold, so that
@@ -392,9 +392,136 @@ impl ActivationBatch {
     }
 }
 
+/// Per-token int8 quantization (`activations::quantize_token_portable`, the definition): with
+/// AVX-512 that code compiled for it (which has byte-narrowing instructions), with AVX2 intrinsics
+/// (`x86_avx2::quantize_token`), each bit-identical to it. At baseline x86-64 the float → byte
+/// narrowing has no single instruction: about 0.7 ns per element.
+pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
+    widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
+}
+
+/// Σ of each 16 values of a token's int8 activations (`activations::sub_sums_portable`, the
+/// definition), for the Q6_K head's offset: `vpsadbw` where the CPU has AVX2 (also under
+/// AVX-512). Integer sums, so every path gives the same values.
+pub(crate) fn sub_sums(q: &[i8], subs: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = Avx2::new() {
+        return x86_avx2::sub_sums(t, q, subs);
+    }
+    crate::activations::sub_sums_portable(q, subs)
+}
+
+/// One token's lookup tables for the table-lookup TQ1 kernels
+/// (`tq1_lut::build_token_tables_portable`, the definition): with AVX2 (also under AVX-512)
+/// a group pair per step in registers. Integer arithmetic only, so every path writes the same
+/// bytes.
+pub(crate) fn build_lut_tables(x: &[i8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = Avx2::new() {
+        return x86_avx2::build_lut_tables(t, x, dst);
+    }
+    crate::formats::tq1_lut::build_token_tables_portable(x, dst)
+}
+
+/// One token's `perm` tables (`tq1_perm::build_perm_tables_portable`, the definition): with
+/// AVX-512 a group per step in registers (the `lut` builder's sums, each beside its
+/// complement). Integer arithmetic only, so every path writes the same bytes.
+pub(crate) fn build_perm_tables(x: &[i8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = Avx512::new() {
+        return x86_avx512::build_perm_tables(t, x, dst);
+    }
+    crate::formats::tq1_perm::build_perm_tables_portable(x, dst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn lookup_tables_are_identical_to_the_portable_loops() {
+        use crate::formats::{tq1_lut, tq1_perm};
+        type Builder = fn(&[i8], &mut [u8]);
+        type Form = (&'static str, fn(usize) -> usize, Builder, Builder);
+        let forms: [Form; 2] = [
+            ("lut", tq1_lut::lut_table_bytes, super::build_lut_tables, tq1_lut::build_token_tables_portable),
+            ("perm", tq1_perm::perm_table_bytes, super::build_perm_tables, tq1_perm::build_perm_tables_portable),
+        ];
+        let mut g = crate::rng::SplitMix64::new(17);
+        // Short rows (no whole pair or group pair: the SIMD builders' tails only, one pair and a
+        // tail), odd lengths and model widths; extremes included.
+        for n in [1usize, 3, 4, 5, 6, 7, 12, 13, 24, 25, 47, 256, 1536, 2560, 2561, 6912] {
+            let mut x: Vec<i8> = (0..n).map(|_| g.next_u64() as i8).collect();
+            for (k, v) in x.iter_mut().enumerate().take(12) {
+                *v = [-128, 127, -128, 127, 127, 127, -128, -128, -128, 0, 1, -1][k];
+            }
+            for (form, table_bytes, fast_builder, plain_builder) in forms {
+                let bytes = table_bytes(n);
+                let (mut fast, mut plain) = (vec![0x5Au8; bytes], vec![0xA5u8; bytes]);
+                fast_builder(&x, &mut fast);
+                plain_builder(&x, &mut plain);
+                assert_eq!(fast, plain, "{form}, n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_token_is_identical_to_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(13);
+        for n in [1usize, 15, 16, 17, 2560, 6913] {
+            let mut x: Vec<f32> = (0..n).map(|_| (g.unit_f32() - 0.5) * 200.0).collect();
+            x[0] = 127.0; // the absmax: scale 1, so the values below are their own q
+            if n > 4 {
+                x[1] = 2.5; // ties to even: 2
+                x[2] = -3.5; // −4
+                x[3] = f32::NAN; // → 0, and ignored by absmax
+            }
+            let (mut fast, mut plain) = (vec![9i8; n], vec![9i8; n]);
+            let (sf, sp) =
+                (super::quantize_token(&x, &mut fast), crate::activations::quantize_token_portable(&x, &mut plain));
+            assert_eq!((sf.to_bits(), &fast), (sp.to_bits(), &plain), "n {n}");
+            #[cfg(target_arch = "x86_64")]
+            if let Some(t) = super::Avx2::new() {
+                let mut avx2 = vec![9i8; n];
+                let sa = super::x86_avx2::quantize_token(t, &x, &mut avx2);
+                assert_eq!((sa.to_bits(), &avx2), (sp.to_bits(), &plain), "AVX2, n {n}");
+            }
+            assert_eq!(fast[0], 127);
+            if n > 4 {
+                assert_eq!(&fast[1..4], &[2, -4, 0], "ties to even, NaN to 0");
+            }
+        }
+        // A subnormal absmax makes 127 / absmax infinite: q = ±127, and 0 · ∞ = NaN → 0.
+        let tiny: Vec<f32> = (0..70).map(|i| [1e-45f32, 0.0, -1e-45, f32::NAN][i % 4]).collect();
+        let (mut fast, mut plain) = (vec![9i8; 70], vec![9i8; 70]);
+        let sp = crate::activations::quantize_token_portable(&tiny, &mut plain);
+        assert_eq!(super::quantize_token(&tiny, &mut fast).to_bits(), sp.to_bits());
+        assert_eq!(fast, plain);
+        assert_eq!(&plain[..4], &[127, 0, -127, 0]);
+        // Not finite or all zero: scale 0 and zeros.
+        for bad in [vec![0.0f32; 40], vec![1.0, f32::INFINITY, 2.0]] {
+            let mut q = vec![5i8; bad.len()];
+            assert_eq!(super::quantize_token(&bad, &mut q), 0.0);
+            assert!(q.iter().all(|v| *v == 0));
+        }
+    }
+
+    #[test]
+    fn sub_sums_equal_the_portable_loop() {
+        let mut g = crate::rng::SplitMix64::new(21);
+        for subs in [1usize, 2, 3, 96, 433] {
+            let mut q: Vec<i8> = (0..16 * subs).map(|_| g.next_u64() as i8).collect();
+            // The extremes: a sub-block of −128s and one of 127s.
+            q[..16].fill(-128);
+            if subs > 1 {
+                q[16..32].fill(127);
+            }
+            let (mut fast, mut plain) = (vec![7i16; subs], vec![-7i16; subs]);
+            super::sub_sums(&q, &mut fast);
+            crate::activations::sub_sums_portable(&q, &mut plain);
+            assert_eq!(fast, plain, "{subs} sub-blocks");
+            assert_eq!(plain[0], -2048);
+        }
+    }
 
     #[test]
     fn absmax_quantization_and_sums() {

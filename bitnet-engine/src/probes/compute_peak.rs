@@ -1,5 +1,5 @@
 //! Int8 compute-peak probe: the multiply-add rate that batch decode and prefill are measured
-//! against (their compute roofline), as [`crate::bandwidth`] is batch-1 decode's.
+//! against (their compute roofline), as [`crate::probes::bandwidth`] is batch-1 decode's.
 //!
 //! Each thread runs independent chains of its ISA level's fastest int8 product on register
 //! operands — AVX-512: `vpdpbusd` on 512-bit registers, 64 u8 × i8 products an instruction;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::cpu::IsaLevel;
 use crate::error::{Error, Result};
-use crate::model::pool::WorkerPool;
+use crate::pool::WorkerPool;
 
 /// The result of a compute probe.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +72,7 @@ fn timed_pass(pool: &WorkerPool, isa: IsaLevel, rounds: u64) -> Result<f64> {
     let (a, b) = operands();
     // `measure_int8_peak` ran the loop at this level before: it cannot fail here.
     let (ran, secs) =
-        pool.timed_on_each(|_| crate::kernels::int8_mac_chains(isa, rounds, &a, &b).map(std::hint::black_box).is_ok());
+        pool.timed_on_each(|_| crate::probes::int8_mac_chains(isa, rounds, &a, &b).map(std::hint::black_box).is_ok());
     if !ran.iter().all(|ok| *ok) {
         return Err(Error::Unsupported(format!(
             "the int8 compute probe: a thread could not run the {} loop",
@@ -102,7 +102,7 @@ pub fn measure_int8_peak(isa: IsaLevel, threads: usize, passes: usize, pin: bool
     let (a, b) = operands();
     let t0 = Instant::now();
     // Also where a level this CPU lacks is refused, before any pass.
-    std::hint::black_box(crate::kernels::int8_mac_chains(isa, CALIBRATION_ROUNDS, &a, &b)?);
+    std::hint::black_box(crate::probes::int8_mac_chains(isa, CALIBRATION_ROUNDS, &a, &b)?);
     let rounds = rounds_per_pass(t0.elapsed(), CALIBRATION_ROUNDS);
     let macs_per_pass = macs_per_round * rounds * threads as u64;
     let pass_gmacs = (0..passes)
@@ -206,7 +206,7 @@ pub struct PipeMixReport {
     pub products_g: f64,
 }
 
-/// The operands of the mixes' loops (see [`crate::kernels`]'s pipe loops for how each is
+/// The operands of the mixes' loops (see the x86 pipe loops (`probes::x86_pipes`) for how each is
 /// used): fixed values, every byte pair different where it matters, so that the tests can
 /// check every lane.
 #[derive(Debug, Clone)]
@@ -266,14 +266,14 @@ pub fn measure_pipe_mixes(passes: usize) -> Result<Vec<PipeMixReport>> {
     for mix in PipeMix::ALL {
         const CALIBRATION_ROUNDS: u64 = 1 << 14;
         let t0 = Instant::now();
-        if crate::kernels::pipe_mix(mix, CALIBRATION_ROUNDS, &ops).map(std::hint::black_box).is_none() {
+        if crate::probes::pipe_mix(mix, CALIBRATION_ROUNDS, &ops).map(std::hint::black_box).is_none() {
             continue;
         }
         let rounds = rounds_per_pass(t0.elapsed(), CALIBRATION_ROUNDS);
         let mut best = 0f64;
         for _ in 0..passes {
             let t = Instant::now();
-            std::hint::black_box(crate::kernels::pipe_mix(mix, rounds, &ops));
+            std::hint::black_box(crate::probes::pipe_mix(mix, rounds, &ops));
             best = best.max(rounds as f64 / t.elapsed().as_secs_f64().max(1e-9));
         }
         out.push(PipeMixReport {
@@ -318,12 +318,12 @@ mod tests {
             }
             for rounds in [0u64, 1, 7, 1000, 1 << 20] {
                 for (a, b) in [(&a, &b), (&sat_a, &sat_b)] {
-                    let got = crate::kernels::int8_mac_chains(isa, rounds, a, b).unwrap();
+                    let got = crate::probes::int8_mac_chains(isa, rounds, a, b).unwrap();
                     assert_eq!(got, expected(isa, rounds, a, b), "{} rounds {rounds}", isa.name());
                 }
             }
         }
-        assert!(crate::kernels::int8_mac_chains(IsaLevel::Scalar, 1, &a, &b).is_err());
+        assert!(crate::probes::int8_mac_chains(IsaLevel::Scalar, 1, &a, &b).is_err());
     }
 
     /// What each pipe loop's lanes must hold after `rounds`, from the instructions'
@@ -378,7 +378,7 @@ mod tests {
         let o = mix_operands();
         for mix in PipeMix::ALL {
             for rounds in [0u64, 1, 3, 1000] {
-                match crate::kernels::pipe_mix(mix, rounds, &o) {
+                match crate::probes::pipe_mix(mix, rounds, &o) {
                     Some(got) => assert_eq!(got, expected_mix(mix, rounds, &o), "{} rounds {rounds}", mix.name()),
                     None => assert!(
                         !IsaLevel::Avx512.is_supported()
@@ -417,7 +417,7 @@ mod tests {
                 continue;
             }
             for (threads, pin) in [(1, false), (2, false), (2, true)] {
-                if pin && threads > crate::model::pool::pinnable_cores() {
+                if pin && threads > crate::pool::pinnable_cores() {
                     assert!(measure_int8_peak(isa, threads, 2, pin).is_err());
                     continue;
                 }

@@ -68,13 +68,13 @@ pub(crate) fn attention_dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `dst[c][r] = src[r][c]` for a `[r_n, c_n]` source, in 8 × 8 tiles so that both sides are
-/// read and written a cache line at a time ([`crate::kernels::transpose_cols_into`]).
+/// read and written a cache line at a time ([`crate::ops::transpose_cols_into`]).
 pub(crate) fn transpose_into(src: &[f32], r_n: usize, c_n: usize, dst: &mut [f32]) {
     if c_n == 1 {
         dst[..r_n].copy_from_slice(&src[..r_n]);
         return;
     }
-    crate::kernels::transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
+    crate::ops::transpose_cols_into(src, r_n, c_n, 0..c_n, dst);
 }
 
 /// Columns `c0..c0 + 8` of a `[r_n, c_n]` matrix into eight rows (`dsts[k][r] = src[r][c0 + k]`,
@@ -89,7 +89,7 @@ pub(crate) fn transpose_8_cols_to_rows_portable(src: &[f32], c_n: usize, c0: usi
 
 /// Columns `cols` of a `[r_n, c_n]` source, transposed: `dst[c − cols.start][r] = src[r][c]`
 /// (one thread's share of [`transpose_into`]: its rows of the destination). Plain loops over
-/// 8 × 8 tiles: the oracle of, and the fallback for, the SIMD tiles in `kernels`.
+/// 8 × 8 tiles: the oracle of, and the fallback for, the SIMD tiles in `ops::x86_avx2`.
 pub(crate) fn transpose_cols_into_portable(
     src: &[f32],
     r_n: usize,
@@ -117,7 +117,7 @@ fn inv_rms(row: &[f32], eps: f32) -> f32 {
 }
 
 /// RMSNorm of each row of `x` (row length = `weight.len()`) into `out`, as plain Rust inlined
-/// into each ISA's compilation of it: callers use [`crate::kernels::rms_norm_rows`], which runs
+/// into each ISA's compilation of it: callers use [`crate::ops::rms_norm_rows`], which runs
 /// at the widest ISA this CPU has, with identical results.
 #[inline(always)]
 pub(crate) fn rms_norm_rows_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -207,11 +207,11 @@ pub(crate) fn exp(x: f32) -> f32 {
 }
 
 /// The gated FFN activation, in place in `gate`: SiLU(gate) × up or ReLU(gate)² × up.
-/// Runs at the widest ISA this CPU has ([`crate::kernels::gated_activation`]), with identical
+/// Runs at the widest ISA this CPU has ([`crate::ops::gated_activation`]), with identical
 /// results.
 #[inline(always)]
-pub(crate) fn gated_activation_portable(act: crate::model::config::FfnActivation, gate: &mut [f32], up: &[f32]) {
-    use crate::model::config::FfnActivation;
+pub(crate) fn gated_activation_portable(act: crate::ops::FfnActivation, gate: &mut [f32], up: &[f32]) {
+    use crate::ops::FfnActivation;
     match act {
         FfnActivation::Silu => {
             for (g, u) in gate.iter_mut().zip(up) {
@@ -250,7 +250,7 @@ fn lanes_max(v: &[f32], init: f32) -> f32 {
 /// logit is the answer (exactly the plain loop `if v > logits[best] { best = i }`). Two passes
 /// that vectorize: the largest value, lane by lane (compare-and-select from the first logit),
 /// then the first index holding it (`==`, so −0 and +0 are one value, as `>` makes them). Runs
-/// at the widest ISA this CPU has ([`crate::kernels::argmax`]).
+/// at the widest ISA this CPU has ([`crate::ops::argmax`]).
 #[inline(always)]
 pub(crate) fn argmax_portable(logits: &[f32]) -> u32 {
     let Some(&first) = logits.first() else { return 0 };
@@ -268,7 +268,7 @@ pub(crate) fn argmax_portable(logits: &[f32]) -> u32 {
 }
 
 /// Softmax of attention scores, in place: e^(s − max) / Σ. Runs at the widest ISA this CPU has
-/// ([`crate::kernels::softmax_in_place`]), with identical results.
+/// ([`crate::ops::softmax_in_place`]), with identical results.
 #[inline(always)]
 pub(crate) fn softmax_in_place_portable(scores: &mut [f32]) {
     let max = lanes_max(scores, f32::NEG_INFINITY);
@@ -329,7 +329,7 @@ mod tests {
             assert!((attention_dot(&a, &b) as f64 - want).abs() < 1e-5 * n as f64, "n = {n}");
             let w: Vec<f32> = (0..n).map(|_| g.unit_f32() + 0.5).collect();
             let mut out = vec![0.0; n];
-            crate::kernels::rms_norm_rows(&a, &w, 1e-6, &mut out);
+            crate::ops::rms_norm_rows(&a, &w, 1e-6, &mut out);
             let rms = (a.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / n as f64 + 1e-6).sqrt();
             for i in 0..n {
                 let want = a[i] as f64 / rms * w[i] as f64;

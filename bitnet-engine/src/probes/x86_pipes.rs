@@ -1,4 +1,4 @@
-//! The pipe probe's loops ([`crate::compute_peak::measure_pipe_mixes`]): on AVX-512, rounds of
+//! The pipe probe's loops ([`crate::probes::compute_peak::measure_pipe_mixes`]): on AVX-512, rounds of
 //! `vpdpbusd` interleaved with another instruction family, on register operands (masks from
 //! memory where a kernel would load them), so that the rate of each mix shows whether that
 //! family runs beside `vpdpbusd` or takes its issue slots. They bound what lookup, bf16 and
@@ -12,8 +12,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::x86_avx512::Avx512;
-use crate::compute_peak::{MixLanes, MixOperands, PipeMix};
+use crate::probes::compute_peak::{MixLanes, MixOperands, PipeMix};
+use crate::simd::x86_avx512::Avx512;
 
 /// Whether the CPU has what `mix` needs: AVX-512 with VNNI, and BF16 for the `vdpbf16ps`
 /// mixes, VBMI for the byte-permute lookup.

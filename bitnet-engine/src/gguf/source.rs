@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::load_model;
 use crate::error::{Error, Result};
 use crate::formats::WeightFormat;
-use crate::gguf::load_model;
 use crate::model::{tensor_layout, FfnActivation, Model, ModelConfig, Weights};
 
 /// A preset (synthetic weights) or a GGUF file.
