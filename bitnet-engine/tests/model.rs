@@ -268,3 +268,16 @@ fn bad_rows_are_clear_errors() {
     let e = st.forward(&model, &[1], &[1], &[0], LogitsFor::All).unwrap_err().to_string();
     assert!(e.contains("sequence 1"), "{e}");
 }
+
+/// A state runs only the model it was made for (its buffers, cache and kernels are sized and
+/// chosen for it): another model, even of the same preset, is an error naming the cause; a
+/// clone is the same model.
+#[test]
+fn a_state_runs_only_the_model_it_was_made_for() {
+    let (a, b) = (tiny(WeightFormat::I2), tiny(WeightFormat::I2));
+    let mut s = state(&a, KvPrecision::F16, 1, 1);
+    let err = s.forward(&b, &[1], &[0], &[0], LogitsFor::Last).unwrap_err().to_string();
+    assert!(err.contains("made for another model"), "{err}");
+    s.forward(&a.clone(), &[1], &[0], &[0], LogitsFor::Last).unwrap();
+    assert!(s.logits(0).is_some());
+}

@@ -48,7 +48,7 @@ fn activation_of(f: &GgufFile<'_>, arch: &str, by_arch: FfnActivation) -> Result
 pub fn model_from_gguf(f: &GgufFile<'_>, name: &str) -> Result<Model> {
     let config = config_from_gguf(f, name)?;
     let weights = weights_from_gguf(f, &config)?;
-    Ok(Model { config, weights })
+    Ok(Model::new(config, weights))
 }
 
 fn key_u64(f: &GgufFile<'_>, key: &str, default: Option<u64>) -> Result<u64> {

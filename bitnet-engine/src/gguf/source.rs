@@ -41,7 +41,7 @@ impl ModelSource {
             ModelSource::Preset(cfg) => {
                 tensor_layout(cfg, format)?;
                 let weights = Weights::synthetic(cfg, format, seed, threads)?;
-                (Model { config: cfg.clone(), weights }, format!("preset (synthetic {format} weights, seed {seed})"))
+                (Model::new(cfg.clone(), weights), format!("preset (synthetic {format} weights, seed {seed})"))
             }
             ModelSource::Gguf(path) => (load_model(path)?, format!("GGUF file {}", path.display())),
         };

@@ -12,10 +12,16 @@
 //! | `int4` | ⌈d/2⌉ bytes + f16 scale per group of 32 (absmax / 7, symmetric) |
 //! | `int2` | ⌈d/4⌉ bytes + f16 min and f16 step per group of 16 (4 levels, asymmetric) |
 
+use std::ops::Range;
+
 use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::aligned::PageVec;
-use crate::attention::KvPrecision;
+use crate::attention::{
+    attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
+    attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
+    attention_weighted_sum_group_encoded, KvPrecision,
+};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 
@@ -99,13 +105,111 @@ pub enum KvRows<'a> {
     Encoded(&'a [u8]),
 }
 
-impl KvRows<'_> {
+impl<'a> KvRows<'a> {
     /// Asks for the rows in L2 ahead of their use.
     pub fn prefetch(&self) {
         match self {
             KvRows::F32(d) => crate::simd::prefetch_l2(d),
             KvRows::F16(d) => crate::simd::prefetch_l2(d),
             KvRows::Encoded(d) => crate::simd::prefetch_l2(d),
+        }
+    }
+
+    /// Positions `r` of these rows (`hd` values each, stored at `precision`).
+    pub(crate) fn positions(&self, r: Range<usize>, hd: usize, precision: KvPrecision) -> KvRows<'a> {
+        match *self {
+            KvRows::F32(d) => KvRows::F32(&d[r.start * hd..r.end * hd]),
+            KvRows::F16(d) => KvRows::F16(&d[r.start * hd..r.end * hd]),
+            KvRows::Encoded(d) => {
+                let vb = precision.bytes_per_vector(hd);
+                KvRows::Encoded(&d[r.start * vb..r.end * vb])
+            }
+        }
+    }
+
+    /// The attention scores of `heads` query heads (`qs`: `heads` rows of hd) over these keys
+    /// into `out` (`heads` rows of n): one head through the one-head kernels, more through the
+    /// group kernels, which read each key once for all of them (each head's floats the same).
+    /// `ahead` (rows of the same cache read next, if any) is asked for in L2 meanwhile; `buf`
+    /// is the encoded kernels' decode buffer ([`crate::attention::ENCODED_CHUNK_VALUES`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn scores(
+        &self,
+        precision: KvPrecision,
+        qs: &[f32],
+        heads: usize,
+        scale: f32,
+        out: &mut [f32],
+        ahead: Option<&KvRows<'_>>,
+        buf: &mut [f32],
+    ) {
+        match (self, ahead) {
+            (KvRows::F32(k), a) => {
+                let a = if let Some(KvRows::F32(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_scores(qs, k, scale, out, a)
+                } else {
+                    attention_scores_group(qs, heads, k, scale, out, a)
+                }
+            }
+            (KvRows::F16(k), a) => {
+                let a = if let Some(KvRows::F16(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_scores(qs, k, scale, out, a)
+                } else {
+                    attention_scores_group(qs, heads, k, scale, out, a)
+                }
+            }
+            (KvRows::Encoded(k), a) => {
+                let a = if let Some(KvRows::Encoded(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_scores_encoded(precision, qs, k, scale, out, a, buf)
+                } else {
+                    attention_scores_group_encoded(precision, qs, heads, k, scale, out, a, buf)
+                }
+            }
+        }
+    }
+
+    /// `os[h] += Σ_p ws[h][p] × v_p` for `heads` heads (`ws`: `heads` rows of n weights; `os`:
+    /// `heads` rows of hd) over these values, as [`KvRows::scores`] splits the work; `ahead`
+    /// and `buf` as there.
+    #[inline]
+    pub(crate) fn weighted_sum(
+        &self,
+        precision: KvPrecision,
+        ws: &[f32],
+        heads: usize,
+        os: &mut [f32],
+        ahead: Option<&KvRows<'_>>,
+        buf: &mut [f32],
+    ) {
+        match (self, ahead) {
+            (KvRows::F32(v), a) => {
+                let a = if let Some(KvRows::F32(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_weighted_sum(ws, v, os, a)
+                } else {
+                    attention_weighted_sum_group(ws, heads, v, os, a)
+                }
+            }
+            (KvRows::F16(v), a) => {
+                let a = if let Some(KvRows::F16(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_weighted_sum(ws, v, os, a)
+                } else {
+                    attention_weighted_sum_group(ws, heads, v, os, a)
+                }
+            }
+            (KvRows::Encoded(v), a) => {
+                let a = if let Some(KvRows::Encoded(a)) = a { a } else { &[][..] };
+                if heads == 1 {
+                    attention_weighted_sum_encoded(precision, ws, v, os, a, buf)
+                } else {
+                    attention_weighted_sum_group_encoded(precision, ws, heads, v, os, a, buf)
+                }
+            }
         }
     }
 }
