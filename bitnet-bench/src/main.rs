@@ -867,17 +867,7 @@ fn stop_on_ctrl_c(what: &'static str) -> Arc<AtomicBool> {
 }
 
 fn model_sweep(a: SweepArgs) -> Result<()> {
-    let mut spec = SweepSpec::default();
-    if a.quick {
-        spec.batch_sizes = vec![1];
-        spec.context_lengths = vec![16];
-        spec.kv_precisions = vec![KvPrecision::F16, KvPrecision::Int8];
-        spec.max_new_tokens = 4;
-        spec.warmup = 1;
-        spec.repeat = 2;
-        spec.quality_positions = 16;
-        spec.probe_bytes = 64 << 20;
-    }
+    let mut spec = if a.quick { SweepSpec::quick() } else { SweepSpec::default() };
     if let Some(m) = a.model {
         spec.model = m;
     }
