@@ -866,52 +866,56 @@ fn stop_on_ctrl_c(what: &'static str) -> Arc<AtomicBool> {
     stop
 }
 
-fn model_sweep(a: SweepArgs) -> Result<()> {
-    let mut spec = if a.quick { SweepSpec::quick() } else { SweepSpec::default() };
-    if let Some(m) = a.model {
-        spec.model = m;
-    }
-    spec.ffn_activation = a.ffn_activation;
-    spec.format = a.format;
-    if !a.batch_sizes.is_empty() {
-        spec.batch_sizes = parse_usize_list("--batch-sizes", &a.batch_sizes)?;
-    }
-    if !a.context_lengths.is_empty() {
-        spec.context_lengths = parse_usize_list("--context-lengths", &a.context_lengths)?;
-    }
-    if !a.kv_precisions.is_empty() {
-        spec.kv_precisions = parse_list("--kv-precisions", &a.kv_precisions)?;
-    }
-    if !a.threads.is_empty() {
-        spec.threads = parse_usize_list("--threads", &a.threads)?;
-    }
-    if !a.kernels.is_empty() {
-        spec.kernels = parse_list("--kernels", &a.kernels)?;
-        if spec.kernels.contains(&KernelFamily::Scalar) {
-            anyhow::bail!("--kernels scalar: the oracle is for tests, not a model sweep (use i2s, tq2, tq1 or xnor)");
+impl SweepArgs {
+    /// The sweep these flags ask for: [`SweepSpec::quick`] or the default, with every flag
+    /// given replacing its field. Output flags (reports, plots, --db, --quiet) are not part of
+    /// it: [`model_sweep`] checks and writes them.
+    fn spec(&self) -> Result<SweepSpec> {
+        let mut spec = if self.quick { SweepSpec::quick() } else { SweepSpec::default() };
+        if let Some(m) = &self.model {
+            spec.model = m.clone();
         }
+        spec.ffn_activation = self.ffn_activation;
+        spec.format = self.format;
+        if !self.batch_sizes.is_empty() {
+            spec.batch_sizes = parse_usize_list("--batch-sizes", &self.batch_sizes)?;
+        }
+        if !self.context_lengths.is_empty() {
+            spec.context_lengths = parse_usize_list("--context-lengths", &self.context_lengths)?;
+        }
+        if !self.kv_precisions.is_empty() {
+            spec.kv_precisions = parse_list("--kv-precisions", &self.kv_precisions)?;
+        }
+        if !self.threads.is_empty() {
+            spec.threads = parse_usize_list("--threads", &self.threads)?;
+        }
+        if !self.kernels.is_empty() {
+            spec.kernels = parse_list("--kernels", &self.kernels)?;
+            if spec.kernels.contains(&KernelFamily::Scalar) {
+                anyhow::bail!(
+                    "--kernels scalar: the oracle is for tests, not a model sweep (use i2s, tq2, tq1 or xnor)"
+                );
+            }
+        }
+        spec.isa = self.isa;
+        spec.max_new_tokens = self.max_new_tokens.unwrap_or(spec.max_new_tokens);
+        spec.warmup = self.warmup.unwrap_or(spec.warmup);
+        spec.repeat = self.repeat.unwrap_or(spec.repeat);
+        spec.seed = self.seed.unwrap_or(spec.seed);
+        spec.quality_positions = self.quality_positions.unwrap_or(spec.quality_positions);
+        spec.quality_text = self.quality_text.clone();
+        spec.quality_model = self.quality_model.clone();
+        spec.trace = self.trace;
+        spec.counters = self.counters;
+        spec.pin = self.pin;
+        Ok(spec)
     }
-    spec.isa = a.isa;
-    if let Some(v) = a.max_new_tokens {
-        spec.max_new_tokens = v;
-    }
-    if let Some(v) = a.warmup {
-        spec.warmup = v;
-    }
-    if let Some(v) = a.repeat {
-        spec.repeat = v;
-    }
-    if let Some(v) = a.seed {
-        spec.seed = v;
-    }
-    if let Some(v) = a.quality_positions {
-        spec.quality_positions = v;
-    }
-    spec.quality_text = a.quality_text;
-    spec.quality_model = a.quality_model;
-    spec.trace = a.trace;
-    spec.counters = a.counters;
-    spec.pin = a.pin;
+}
+
+/// The model sweep: build the spec from the flags, check the outputs can be written (before
+/// minutes of measuring, not after), run, write the reports.
+fn model_sweep(a: SweepArgs) -> Result<()> {
+    let mut spec = a.spec()?;
     for p in [&a.json_report, &a.csv, &a.markdown].into_iter().flatten() {
         model_cmds::check_writable(p)?;
     }
