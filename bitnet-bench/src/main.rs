@@ -302,7 +302,7 @@ struct PerplexityArgs {
     #[arg(long)]
     text: PathBuf,
     /// Tokens per chunk (llama-perplexity's -c); at most the model's context length.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = bitnet_bench::perplexity::DEFAULT_CTX)]
     ctx: usize,
     /// Score at most this many chunks (default: all the text holds).
     #[arg(long)]
@@ -330,7 +330,7 @@ struct PerplexityArgs {
     kl_ref: Option<PathBuf>,
     /// Tokens kept per position in a KL base of a vocabulary larger than 4096 (smaller ones
     /// are kept whole).
-    #[arg(long = "kl-top-k", default_value_t = 32)]
+    #[arg(long = "kl-top-k", default_value_t = bitnet_bench::perplexity::DEFAULT_KL_TOP_K)]
     kl_top_k: usize,
     /// Write the result as JSON (reports/perplexity.schema.json).
     #[arg(long)]
@@ -680,118 +680,27 @@ fn run_model(a: RunCmd) -> Result<()> {
 /// `perplexity`: every input is checked (files, tokenizer, ctx, text length, KL base) before
 /// the model loads; Ctrl-C stops after the chunk in progress and reports what was scored.
 fn perplexity(a: PerplexityArgs) -> Result<()> {
-    use bitnet_bench::perplexity::{self as ppl, Kl, KlBaseReader, KlBaseWriter, KlHeader, PerplexityOptions};
-    use sha2::Digest;
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 0 {
-        anyhow::bail!("--threads must be ≥ 1");
-    }
-    if a.ctx < 3 {
-        anyhow::bail!("--ctx {}: at least 3 (a chunk scores ctx − ctx/2 − 1 tokens)", a.ctx);
-    }
-    let batch = a.batch.unwrap_or(a.ctx.min(128));
-    if batch == 0 || batch > a.ctx {
-        anyhow::bail!("--batch {batch}: between 1 and --ctx ({})", a.ctx);
-    }
-    if a.chunks == Some(0) {
-        anyhow::bail!("--chunks must be ≥ 1");
-    }
-    if a.kl_top_k == 0 {
-        anyhow::bail!("--kl-top-k must be ≥ 1");
-    }
-    for (flag, p) in [("--json", &a.json), ("--kl-base", &a.kl_base)] {
-        if let Some(p) = p {
-            model_cmds::check_writable(p).with_context(|| flag.to_string())?;
-        }
-    }
-    let text = &model_cmds::read_text(&a.text, "--text")?;
-    let text_bytes = text.as_bytes();
-    let path = match model_cmds::resolve(&a.model)? {
-        model_cmds::ModelSource::Gguf(p) => p,
-        model_cmds::ModelSource::Preset(_) => anyhow::bail!(
-            "--model {}: a preset has no tokenizer (metadata key tokenizer.ggml.model); give a GGUF file",
-            a.model
-        ),
-    };
-    let tokenizer = model_cmds::tokenizer(&a.model)?;
-    let max_context =
-        bitnet_engine::gguf::read_config(&path).with_context(|| format!("--model {}", path.display()))?.max_context;
-    if a.ctx > max_context {
-        anyhow::bail!("--ctx {}: the model's context length is {max_context}", a.ctx);
-    }
-    let (add_bos, bos) = (tokenizer.add_bos(), tokenizer.bos());
-    let tokens = tokenizer.encode(text, true, false);
-    if tokens.len() < 2 * a.ctx {
-        anyhow::bail!(
-            "--text {}: {} tokens; --ctx {} needs at least {} (2 × ctx, llama-perplexity's rule)",
-            a.text.display(),
-            tokens.len(),
-            a.ctx,
-            2 * a.ctx
-        );
-    }
-    let available = ppl::chunks_available(tokens.len(), a.ctx);
-    let mut chunks = a.chunks.map_or(available, |c| c.min(available));
-    let mut reader = match &a.kl_ref {
-        None => None,
-        Some(p) => {
-            let r = KlBaseReader::open(p)?;
-            if r.header.chunks > available || a.chunks.is_some_and(|c| c != r.header.chunks) {
-                anyhow::bail!(
-                    "--kl-ref {}: the base has {} chunks; this run has {} (--chunks, or the text holds {available})",
-                    p.display(),
-                    r.header.chunks,
-                    chunks
-                );
-            }
-            chunks = r.header.chunks;
-            let hash = ppl::fed_tokens_hash(&tokens, a.ctx, chunks, add_bos, bos);
-            r.header.check(&p.display().to_string(), tokenizer.vocab_size(), a.ctx, hash)?;
-            Some(r)
-        }
-    };
-    let kernel = a
-        .kernel
-        .map(|f| {
-            let isa = Kernel::best(f).isa();
-            Kernel::new(f, isa, f.default_form(isa)).with_context(|| format!("--kernel {f}"))
-        })
-        .transpose()?;
-    let (model, _) = model_cmds::load(&a.model, WeightFormat::I2, 42, threads, a.ffn_activation)?;
-    if model.config.vocab != tokenizer.vocab_size() {
-        anyhow::bail!(
-            "--model {}: the tokenizer has {} tokens, the model's output {}",
-            path.display(),
-            tokenizer.vocab_size(),
-            model.config.vocab
-        );
-    }
-    let mut writer = match &a.kl_base {
-        None => None,
-        Some(p) => Some(KlBaseWriter::create(
-            p,
-            KlHeader {
-                vocab: model.config.vocab,
-                ctx: a.ctx,
-                chunks,
-                top_k: ppl::base_top_k(model.config.vocab, a.kl_top_k),
-                tokens_hash: ppl::fed_tokens_hash(&tokens, a.ctx, chunks, add_bos, bos),
-            },
-        )?),
-    };
-    let kl = match (&mut writer, &mut reader, &a.kl_ref) {
-        (Some(w), _, _) => Kl::Base(w),
-        (_, Some(r), Some(p)) => Kl::Ref(r, p.display().to_string()),
-        _ => Kl::None,
-    };
-    let opts =
-        PerplexityOptions { ctx: a.ctx, chunks: Some(chunks), batch, threads, kv: a.kv, kernel, kl_top_k: a.kl_top_k };
+    use bitnet_bench::perplexity::{self as ppl, TextPerplexityOptions};
+    let prepared = ppl::prepare(&TextPerplexityOptions {
+        model: a.model,
+        text: a.text,
+        ctx: a.ctx,
+        chunks: a.chunks,
+        batch: a.batch,
+        threads: a.threads,
+        kv: a.kv,
+        kernel: a.kernel,
+        ffn_activation: a.ffn_activation,
+        kl_base: a.kl_base,
+        kl_ref: a.kl_ref,
+        kl_top_k: a.kl_top_k,
+        json: a.json.clone(),
+    })?;
     let stop = stop_on_ctrl_c("reporting the chunks scored so far");
+    let (chunks, o) = (prepared.chunks, &prepared.options);
     eprintln!(
-        "bitnet-bench perplexity: {} tokens, {chunks} of {available} chunks × ctx {}, batch {batch}, kv {}, {threads} threads",
-        tokens.len(),
-        a.ctx,
-        a.kv
+        "bitnet-bench perplexity: {} tokens, {chunks} of {} chunks × ctx {}, batch {}, kv {}, {} threads",
+        prepared.tokens, prepared.chunks_available, o.ctx, o.batch, o.kv, o.threads
     );
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(chunks as u64);
@@ -801,7 +710,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         );
         b
     });
-    let result = ppl::perplexity(&model, &tokens, add_bos, bos, &opts, kl, &stop, &mut |e| {
+    let outcome = prepared.run(&stop, &mut |e| {
         let line = ppl::chunk_line(e, chunks);
         match &bar {
             // On stdout as without a bar (b.println would put it on stderr).
@@ -815,32 +724,13 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let mut result = match result {
-        Ok(r) => r,
-        Err(e) => {
-            if let Some(w) = writer {
-                w.abandon();
-            }
-            return Err(e);
-        }
-    };
-    if let Some(w) = writer {
-        if result.chunks == 0 {
-            w.abandon();
-            eprintln!("bitnet-bench: --kl-base: no chunk finished, nothing written");
-        } else {
-            w.finish(result.chunks)?;
-        }
+    let outcome = outcome?;
+    if outcome.kl_base_empty {
+        eprintln!("bitnet-bench: --kl-base: no chunk finished, nothing written");
     }
-    let name = |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    result.model.file = name(&path);
-    result.model.file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
-    result.text.file = name(&a.text);
-    result.text.bytes = text_bytes.len() as u64;
-    result.text.sha256 = sha2::Sha256::digest(text_bytes).iter().map(|b| format!("{b:02x}")).collect();
-    print!("{}", ppl::summary(&result));
+    print!("{}", ppl::summary(&outcome.result));
     if let Some(p) = &a.json {
-        model_cmds::write_atomic(p, (serde_json::to_string_pretty(&result)? + "\n").as_bytes())?;
+        model_cmds::write_atomic(p, (serde_json::to_string_pretty(&outcome.result)? + "\n").as_bytes())?;
     }
     Ok(())
 }
