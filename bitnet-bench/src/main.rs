@@ -553,55 +553,19 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// `run`: a text prompt's answer is streamed to stdout as it decodes (token ids are printed
+/// at the end); the timings go to stderr.
 fn run_model(a: RunCmd) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 0 {
-        anyhow::bail!("--threads must be ≥ 1");
-    }
-    let kernel = match (a.kernel, a.isa) {
-        (None, None) => None,
-        (family, isa) => {
-            let family = family.unwrap_or(a.format.map_or(KernelFamily::I2s, |f| Kernel::best_for(f).family()));
-            let isa = isa.unwrap_or_else(|| Kernel::best(family).isa());
-            Some(
-                Kernel::new(family, isa, family.default_form(isa))
-                    .with_context(|| format!("--kernel {family} --isa {isa}"))?,
-            )
-        }
-    };
-    let format = a.format.unwrap_or_else(|| kernel.map_or(WeightFormat::I2, |k| k.family().native_format()));
-    if let Some(k) = kernel {
-        if !k.family().accepts(format) {
-            anyhow::bail!(
-                "--kernel {} cannot read --format {format} weights (it reads {})",
-                k.family(),
-                k.family().native_format()
-            );
-        }
-    }
-    let prompt = match (&a.prompt, &a.prompt_file) {
+    let threads = model_cmds::threads_or_all(a.threads)?;
+    let (kernel, format) = model_cmds::run_kernel_and_format(a.kernel, a.isa, a.format)?;
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(f)) => Some(model_cmds::read_text(f, "--prompt-file")?),
         (None, None) => None,
     };
-    // A text prompt: its ids, and the tokenizer to stream the answer with.
-    let (tokens, tok) = match &prompt {
-        Some(text) => {
-            let tok = model_cmds::tokenizer(&a.model)?;
-            let ids = tok.encode(text, true, true);
-            if ids.is_empty() {
-                anyhow::bail!("--prompt: the text gives no tokens (and the model adds no BOS)");
-            }
-            (ids, Some(tok))
-        }
-        None => (a.tokens.clone(), None),
-    };
-    let stop_at: Vec<u32> = match &tok {
-        Some(t) => (0..t.vocab_size() as u32).filter(|id| t.is_eog(*id)).collect(),
-        None => Vec::new(),
-    };
-    let mut stream = tok.as_ref().map(bitnet_engine::tokenizer::StreamDecoder::new);
-    if let Some(text) = &prompt {
+    let prompt = prompt_text.as_deref().map(|text| model_cmds::text_prompt(&a.model, text)).transpose()?;
+    let mut stream = prompt.as_ref().map(|p| bitnet_engine::tokenizer::StreamDecoder::new(&p.tokenizer));
+    if let Some(text) = &prompt_text {
         print!("{text}");
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
@@ -611,69 +575,38 @@ fn run_model(a: RunCmd) -> Result<()> {
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
     };
-    let n_prompt = tokens.len();
-    let out = model_cmds::run(
-        &model_cmds::RunArgs {
-            model: a.model,
-            ffn_activation: a.ffn_activation,
-            format,
-            seed: a.seed,
-            tokens,
-            stop_at,
-            n_predict: a.n_predict,
-            kv: a.kv,
-            threads,
-            kernel,
-            pin: a.pin,
-            logits_out: a.logits_out,
-            batch: a.batch,
-            save_gguf: a.save_gguf.map(|p| {
-                let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
-                    WeightFormat::Tq1_0
-                } else {
-                    WeightFormat::Tq2_0
-                });
-                (p, f)
-            }),
-            sampling: bitnet_engine::model::SamplingParams {
-                temperature: a.temperature,
-                top_k: a.top_k,
-                top_p: a.top_p,
-                seed: a.sample_seed,
-            },
+    let (tokens, stop_at) = match &prompt {
+        Some(p) => (p.tokens.clone(), p.stop_at.clone()),
+        None => (a.tokens, Vec::new()),
+    };
+    let args = model_cmds::RunArgs {
+        model: a.model,
+        ffn_activation: a.ffn_activation,
+        format,
+        seed: a.seed,
+        tokens,
+        stop_at,
+        n_predict: a.n_predict,
+        kv: a.kv,
+        threads,
+        kernel,
+        pin: a.pin,
+        logits_out: a.logits_out,
+        batch: a.batch,
+        save_gguf: a.save_gguf.map(|p| (p, a.save_format.unwrap_or(model_cmds::default_save_format(format)))),
+        sampling: bitnet_engine::model::SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.sample_seed,
         },
-        on_token,
-    )?;
+    };
+    let out = model_cmds::run(&args, on_token)?;
     match stream {
         Some(s) => println!("{}", s.finish()),
         None => println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")),
     }
-    let prefill = format!(
-        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s)",
-        out.kernel,
-        threads,
-        a.kv,
-        a.batch,
-        n_prompt,
-        out.prefill_secs * 1e3,
-        n_prompt as f64 / out.prefill_secs,
-    );
-    let mib = out.bytes_read_per_step as f64 / (1 << 20) as f64;
-    if out.decode_steps == 0 {
-        // The one new token came from the prefill's logits: there is no decode rate to print.
-        eprintln!(
-            "{prefill}; no decode steps (the new token came from the prefill); weights read per step {mib:.1} MiB"
-        );
-    } else {
-        let decode_tps = out.decode_steps as f64 / out.decode_secs;
-        // Weights are read once per step for the whole batch.
-        let gbps = out.bytes_read_per_step as f64 * decode_tps / a.batch as f64 / 1e9;
-        eprintln!(
-            "{prefill}; decode {} steps {decode_tps:.1} tok/s ({:.2} ms/token); weights read per step {mib:.1} MiB → {gbps:.1} GB/s",
-            out.decode_steps,
-            1e3 / decode_tps,
-        );
-    }
+    eprintln!("{}", model_cmds::run_timings(&args, &out));
     Ok(())
 }
 
