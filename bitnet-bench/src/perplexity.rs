@@ -1195,10 +1195,10 @@ mod tests {
         score(src, tokens, ctx, chunks, true, Some(1), kl, &AtomicBool::new(false), &mut |_| {}).unwrap()
     }
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("bitnet-ppl-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d.join(name)
+    /// A fresh scratch directory per test, removed when dropped (pass or fail), so tests
+    /// running in parallel never share files.
+    fn scratch() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("bitnet-ppl-unit-").tempdir().unwrap()
     }
 
     #[test]
@@ -1254,7 +1254,8 @@ mod tests {
         let tokens: Vec<u32> = (0..64u32).map(|i| (i * 37) % 5000).collect();
         let k = base_top_k(vocab, 8);
         assert_eq!(k, 8);
-        for (top_k, path) in [(k, tmp("topk.kl")), (0, tmp("full.kl"))] {
+        let dir = scratch();
+        for (top_k, path) in [(k, dir.path().join("topk.kl")), (0, dir.path().join("full.kl"))] {
             let hash = fed_tokens_hash(&tokens, 16, 4, true, Some(1));
             let h = KlHeader { vocab, ctx: 16, chunks: 4, top_k, tokens_hash: hash };
             let mut w = KlBaseWriter::create(&path, h).unwrap();
@@ -1310,7 +1311,8 @@ mod tests {
     fn a_base_from_other_tokens_or_ctx_is_refused_naming_the_field() {
         let vocab = 10;
         let tokens: Vec<u32> = (0..40u32).map(|i| i % 10).collect();
-        let path = tmp("refuse.kl");
+        let dir = scratch();
+        let path = dir.path().join("refuse.kl");
         let h =
             KlHeader { vocab, ctx: 8, chunks: 3, top_k: 0, tokens_hash: fed_tokens_hash(&tokens, 8, 3, true, Some(1)) };
         let mut w = KlBaseWriter::create(&path, h).unwrap();
@@ -1332,8 +1334,9 @@ mod tests {
         assert!(run(&tokens, 10, 3).unwrap_err().contains("ctx is 8 in the base, --ctx 10"));
         assert!(run(&tokens, 8, 2).unwrap_err().contains("the base has 3 chunks"));
         // A file that is not a base.
-        std::fs::write(tmp("junk.kl"), b"hello world, this is not a base file at all....").unwrap();
-        let e = KlBaseReader::open(&tmp("junk.kl")).err().unwrap().to_string();
+        let junk = dir.path().join("junk.kl");
+        std::fs::write(&junk, b"hello world, this is not a base file at all....").unwrap();
+        let e = KlBaseReader::open(&junk).err().unwrap().to_string();
         assert!(e.contains("not a KL base"), "{e}");
     }
 
