@@ -302,7 +302,7 @@ struct PerplexityArgs {
     #[arg(long)]
     text: PathBuf,
     /// Tokens per chunk (llama-perplexity's -c); at most the model's context length.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = bitnet_bench::perplexity::DEFAULT_CTX)]
     ctx: usize,
     /// Score at most this many chunks (default: all the text holds).
     #[arg(long)]
@@ -330,7 +330,7 @@ struct PerplexityArgs {
     kl_ref: Option<PathBuf>,
     /// Tokens kept per position in a KL base of a vocabulary larger than 4096 (smaller ones
     /// are kept whole).
-    #[arg(long = "kl-top-k", default_value_t = 32)]
+    #[arg(long = "kl-top-k", default_value_t = bitnet_bench::perplexity::DEFAULT_KL_TOP_K)]
     kl_top_k: usize,
     /// Write the result as JSON (reports/perplexity.schema.json).
     #[arg(long)]
@@ -553,55 +553,19 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// `run`: a text prompt's answer is streamed to stdout as it decodes (token ids are printed
+/// at the end); the timings go to stderr.
 fn run_model(a: RunCmd) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 0 {
-        anyhow::bail!("--threads must be ≥ 1");
-    }
-    let kernel = match (a.kernel, a.isa) {
-        (None, None) => None,
-        (family, isa) => {
-            let family = family.unwrap_or(a.format.map_or(KernelFamily::I2s, |f| Kernel::best_for(f).family()));
-            let isa = isa.unwrap_or_else(|| Kernel::best(family).isa());
-            Some(
-                Kernel::new(family, isa, family.default_form(isa))
-                    .with_context(|| format!("--kernel {family} --isa {isa}"))?,
-            )
-        }
-    };
-    let format = a.format.unwrap_or_else(|| kernel.map_or(WeightFormat::I2, |k| k.family().native_format()));
-    if let Some(k) = kernel {
-        if !k.family().accepts(format) {
-            anyhow::bail!(
-                "--kernel {} cannot read --format {format} weights (it reads {})",
-                k.family(),
-                k.family().native_format()
-            );
-        }
-    }
-    let prompt = match (&a.prompt, &a.prompt_file) {
+    let threads = model_cmds::threads_or_all(a.threads)?;
+    let (kernel, format) = model_cmds::run_kernel_and_format(a.kernel, a.isa, a.format)?;
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(f)) => Some(model_cmds::read_text(f, "--prompt-file")?),
         (None, None) => None,
     };
-    // A text prompt: its ids, and the tokenizer to stream the answer with.
-    let (tokens, tok) = match &prompt {
-        Some(text) => {
-            let tok = model_cmds::tokenizer(&a.model)?;
-            let ids = tok.encode(text, true, true);
-            if ids.is_empty() {
-                anyhow::bail!("--prompt: the text gives no tokens (and the model adds no BOS)");
-            }
-            (ids, Some(tok))
-        }
-        None => (a.tokens.clone(), None),
-    };
-    let stop_at: Vec<u32> = match &tok {
-        Some(t) => (0..t.vocab_size() as u32).filter(|id| t.is_eog(*id)).collect(),
-        None => Vec::new(),
-    };
-    let mut stream = tok.as_ref().map(bitnet_engine::tokenizer::StreamDecoder::new);
-    if let Some(text) = &prompt {
+    let prompt = prompt_text.as_deref().map(|text| model_cmds::text_prompt(&a.model, text)).transpose()?;
+    let mut stream = prompt.as_ref().map(|p| bitnet_engine::tokenizer::StreamDecoder::new(&p.tokenizer));
+    if let Some(text) = &prompt_text {
         print!("{text}");
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
@@ -611,187 +575,65 @@ fn run_model(a: RunCmd) -> Result<()> {
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
     };
-    let n_prompt = tokens.len();
-    let out = model_cmds::run(
-        &model_cmds::RunArgs {
-            model: a.model,
-            ffn_activation: a.ffn_activation,
-            format,
-            seed: a.seed,
-            tokens,
-            stop_at,
-            n_predict: a.n_predict,
-            kv: a.kv,
-            threads,
-            kernel,
-            pin: a.pin,
-            logits_out: a.logits_out,
-            batch: a.batch,
-            save_gguf: a.save_gguf.map(|p| {
-                let f = a.save_format.unwrap_or(if format == WeightFormat::Tq1_0 {
-                    WeightFormat::Tq1_0
-                } else {
-                    WeightFormat::Tq2_0
-                });
-                (p, f)
-            }),
-            sampling: bitnet_engine::model::SamplingParams {
-                temperature: a.temperature,
-                top_k: a.top_k,
-                top_p: a.top_p,
-                seed: a.sample_seed,
-            },
+    let (tokens, stop_at) = match &prompt {
+        Some(p) => (p.tokens.clone(), p.stop_at.clone()),
+        None => (a.tokens, Vec::new()),
+    };
+    let args = model_cmds::RunArgs {
+        model: a.model,
+        ffn_activation: a.ffn_activation,
+        format,
+        seed: a.seed,
+        tokens,
+        stop_at,
+        n_predict: a.n_predict,
+        kv: a.kv,
+        threads,
+        kernel,
+        pin: a.pin,
+        logits_out: a.logits_out,
+        batch: a.batch,
+        save_gguf: a.save_gguf.map(|p| (p, a.save_format.unwrap_or(model_cmds::default_save_format(format)))),
+        sampling: bitnet_engine::model::SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.sample_seed,
         },
-        on_token,
-    )?;
+    };
+    let out = model_cmds::run(&args, on_token)?;
     match stream {
         Some(s) => println!("{}", s.finish()),
         None => println!("{}", out.generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")),
     }
-    let prefill = format!(
-        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s)",
-        out.kernel,
-        threads,
-        a.kv,
-        a.batch,
-        n_prompt,
-        out.prefill_secs * 1e3,
-        n_prompt as f64 / out.prefill_secs,
-    );
-    let mib = out.bytes_read_per_step as f64 / (1 << 20) as f64;
-    if out.decode_steps == 0 {
-        // The one new token came from the prefill's logits: there is no decode rate to print.
-        eprintln!(
-            "{prefill}; no decode steps (the new token came from the prefill); weights read per step {mib:.1} MiB"
-        );
-    } else {
-        let decode_tps = out.decode_steps as f64 / out.decode_secs;
-        // Weights are read once per step for the whole batch.
-        let gbps = out.bytes_read_per_step as f64 * decode_tps / a.batch as f64 / 1e9;
-        eprintln!(
-            "{prefill}; decode {} steps {decode_tps:.1} tok/s ({:.2} ms/token); weights read per step {mib:.1} MiB → {gbps:.1} GB/s",
-            out.decode_steps,
-            1e3 / decode_tps,
-        );
-    }
+    eprintln!("{}", model_cmds::run_timings(&args, &out));
     Ok(())
 }
 
 /// `perplexity`: every input is checked (files, tokenizer, ctx, text length, KL base) before
 /// the model loads; Ctrl-C stops after the chunk in progress and reports what was scored.
 fn perplexity(a: PerplexityArgs) -> Result<()> {
-    use bitnet_bench::perplexity::{self as ppl, Kl, KlBaseReader, KlBaseWriter, KlHeader, PerplexityOptions};
-    use sha2::Digest;
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if threads == 0 {
-        anyhow::bail!("--threads must be ≥ 1");
-    }
-    if a.ctx < 3 {
-        anyhow::bail!("--ctx {}: at least 3 (a chunk scores ctx − ctx/2 − 1 tokens)", a.ctx);
-    }
-    let batch = a.batch.unwrap_or(a.ctx.min(128));
-    if batch == 0 || batch > a.ctx {
-        anyhow::bail!("--batch {batch}: between 1 and --ctx ({})", a.ctx);
-    }
-    if a.chunks == Some(0) {
-        anyhow::bail!("--chunks must be ≥ 1");
-    }
-    if a.kl_top_k == 0 {
-        anyhow::bail!("--kl-top-k must be ≥ 1");
-    }
-    for (flag, p) in [("--json", &a.json), ("--kl-base", &a.kl_base)] {
-        if let Some(p) = p {
-            model_cmds::check_writable(p).with_context(|| flag.to_string())?;
-        }
-    }
-    let text = &model_cmds::read_text(&a.text, "--text")?;
-    let text_bytes = text.as_bytes();
-    let path = match model_cmds::resolve(&a.model)? {
-        model_cmds::ModelSource::Gguf(p) => p,
-        model_cmds::ModelSource::Preset(_) => anyhow::bail!(
-            "--model {}: a preset has no tokenizer (metadata key tokenizer.ggml.model); give a GGUF file",
-            a.model
-        ),
-    };
-    let tokenizer = model_cmds::tokenizer(&a.model)?;
-    let max_context =
-        bitnet_engine::gguf::read_config(&path).with_context(|| format!("--model {}", path.display()))?.max_context;
-    if a.ctx > max_context {
-        anyhow::bail!("--ctx {}: the model's context length is {max_context}", a.ctx);
-    }
-    let (add_bos, bos) = (tokenizer.add_bos(), tokenizer.bos());
-    let tokens = tokenizer.encode(text, true, false);
-    if tokens.len() < 2 * a.ctx {
-        anyhow::bail!(
-            "--text {}: {} tokens; --ctx {} needs at least {} (2 × ctx, llama-perplexity's rule)",
-            a.text.display(),
-            tokens.len(),
-            a.ctx,
-            2 * a.ctx
-        );
-    }
-    let available = ppl::chunks_available(tokens.len(), a.ctx);
-    let mut chunks = a.chunks.map_or(available, |c| c.min(available));
-    let mut reader = match &a.kl_ref {
-        None => None,
-        Some(p) => {
-            let r = KlBaseReader::open(p)?;
-            if r.header.chunks > available || a.chunks.is_some_and(|c| c != r.header.chunks) {
-                anyhow::bail!(
-                    "--kl-ref {}: the base has {} chunks; this run has {} (--chunks, or the text holds {available})",
-                    p.display(),
-                    r.header.chunks,
-                    chunks
-                );
-            }
-            chunks = r.header.chunks;
-            let hash = ppl::fed_tokens_hash(&tokens, a.ctx, chunks, add_bos, bos);
-            r.header.check(&p.display().to_string(), tokenizer.vocab_size(), a.ctx, hash)?;
-            Some(r)
-        }
-    };
-    let kernel = a
-        .kernel
-        .map(|f| {
-            let isa = Kernel::best(f).isa();
-            Kernel::new(f, isa, f.default_form(isa)).with_context(|| format!("--kernel {f}"))
-        })
-        .transpose()?;
-    let (model, _) = model_cmds::load(&a.model, WeightFormat::I2, 42, threads, a.ffn_activation)?;
-    if model.config.vocab != tokenizer.vocab_size() {
-        anyhow::bail!(
-            "--model {}: the tokenizer has {} tokens, the model's output {}",
-            path.display(),
-            tokenizer.vocab_size(),
-            model.config.vocab
-        );
-    }
-    let mut writer = match &a.kl_base {
-        None => None,
-        Some(p) => Some(KlBaseWriter::create(
-            p,
-            KlHeader {
-                vocab: model.config.vocab,
-                ctx: a.ctx,
-                chunks,
-                top_k: ppl::base_top_k(model.config.vocab, a.kl_top_k),
-                tokens_hash: ppl::fed_tokens_hash(&tokens, a.ctx, chunks, add_bos, bos),
-            },
-        )?),
-    };
-    let kl = match (&mut writer, &mut reader, &a.kl_ref) {
-        (Some(w), _, _) => Kl::Base(w),
-        (_, Some(r), Some(p)) => Kl::Ref(r, p.display().to_string()),
-        _ => Kl::None,
-    };
-    let opts =
-        PerplexityOptions { ctx: a.ctx, chunks: Some(chunks), batch, threads, kv: a.kv, kernel, kl_top_k: a.kl_top_k };
+    use bitnet_bench::perplexity::{self as ppl, TextPerplexityOptions};
+    let prepared = ppl::prepare(&TextPerplexityOptions {
+        model: a.model,
+        text: a.text,
+        ctx: a.ctx,
+        chunks: a.chunks,
+        batch: a.batch,
+        threads: a.threads,
+        kv: a.kv,
+        kernel: a.kernel,
+        ffn_activation: a.ffn_activation,
+        kl_base: a.kl_base,
+        kl_ref: a.kl_ref,
+        kl_top_k: a.kl_top_k,
+        json: a.json.clone(),
+    })?;
     let stop = stop_on_ctrl_c("reporting the chunks scored so far");
+    let (chunks, o) = (prepared.chunks, &prepared.options);
     eprintln!(
-        "bitnet-bench perplexity: {} tokens, {chunks} of {available} chunks × ctx {}, batch {batch}, kv {}, {threads} threads",
-        tokens.len(),
-        a.ctx,
-        a.kv
+        "bitnet-bench perplexity: {} tokens, {chunks} of {} chunks × ctx {}, batch {}, kv {}, {} threads",
+        prepared.tokens, prepared.chunks_available, o.ctx, o.batch, o.kv, o.threads
     );
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(chunks as u64);
@@ -801,7 +643,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         );
         b
     });
-    let result = ppl::perplexity(&model, &tokens, add_bos, bos, &opts, kl, &stop, &mut |e| {
+    let outcome = prepared.run(&stop, &mut |e| {
         let line = ppl::chunk_line(e, chunks);
         match &bar {
             // On stdout as without a bar (b.println would put it on stderr).
@@ -815,32 +657,13 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let mut result = match result {
-        Ok(r) => r,
-        Err(e) => {
-            if let Some(w) = writer {
-                w.abandon();
-            }
-            return Err(e);
-        }
-    };
-    if let Some(w) = writer {
-        if result.chunks == 0 {
-            w.abandon();
-            eprintln!("bitnet-bench: --kl-base: no chunk finished, nothing written");
-        } else {
-            w.finish(result.chunks)?;
-        }
+    let outcome = outcome?;
+    if outcome.kl_base_empty {
+        eprintln!("bitnet-bench: --kl-base: no chunk finished, nothing written");
     }
-    let name = |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    result.model.file = name(&path);
-    result.model.file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
-    result.text.file = name(&a.text);
-    result.text.bytes = text_bytes.len() as u64;
-    result.text.sha256 = sha2::Sha256::digest(text_bytes).iter().map(|b| format!("{b:02x}")).collect();
-    print!("{}", ppl::summary(&result));
+    print!("{}", ppl::summary(&outcome.result));
     if let Some(p) = &a.json {
-        model_cmds::write_atomic(p, (serde_json::to_string_pretty(&result)? + "\n").as_bytes())?;
+        model_cmds::write_atomic(p, (serde_json::to_string_pretty(&outcome.result)? + "\n").as_bytes())?;
     }
     Ok(())
 }
@@ -866,62 +689,56 @@ fn stop_on_ctrl_c(what: &'static str) -> Arc<AtomicBool> {
     stop
 }
 
-fn model_sweep(a: SweepArgs) -> Result<()> {
-    let mut spec = SweepSpec::default();
-    if a.quick {
-        spec.batch_sizes = vec![1];
-        spec.context_lengths = vec![16];
-        spec.kv_precisions = vec![KvPrecision::F16, KvPrecision::Int8];
-        spec.max_new_tokens = 4;
-        spec.warmup = 1;
-        spec.repeat = 2;
-        spec.quality_positions = 16;
-        spec.probe_bytes = 64 << 20;
-    }
-    if let Some(m) = a.model {
-        spec.model = m;
-    }
-    spec.ffn_activation = a.ffn_activation;
-    spec.format = a.format;
-    if !a.batch_sizes.is_empty() {
-        spec.batch_sizes = parse_usize_list("--batch-sizes", &a.batch_sizes)?;
-    }
-    if !a.context_lengths.is_empty() {
-        spec.context_lengths = parse_usize_list("--context-lengths", &a.context_lengths)?;
-    }
-    if !a.kv_precisions.is_empty() {
-        spec.kv_precisions = parse_list("--kv-precisions", &a.kv_precisions)?;
-    }
-    if !a.threads.is_empty() {
-        spec.threads = parse_usize_list("--threads", &a.threads)?;
-    }
-    if !a.kernels.is_empty() {
-        spec.kernels = parse_list("--kernels", &a.kernels)?;
-        if spec.kernels.contains(&KernelFamily::Scalar) {
-            anyhow::bail!("--kernels scalar: the oracle is for tests, not a model sweep (use i2s, tq2, tq1 or xnor)");
+impl SweepArgs {
+    /// The sweep these flags ask for: [`SweepSpec::quick`] or the default, with every flag
+    /// given replacing its field. Output flags (reports, plots, --db, --quiet) are not part of
+    /// it: [`model_sweep`] checks and writes them.
+    fn spec(&self) -> Result<SweepSpec> {
+        let mut spec = if self.quick { SweepSpec::quick() } else { SweepSpec::default() };
+        if let Some(m) = &self.model {
+            spec.model = m.clone();
         }
+        spec.ffn_activation = self.ffn_activation;
+        spec.format = self.format;
+        if !self.batch_sizes.is_empty() {
+            spec.batch_sizes = parse_usize_list("--batch-sizes", &self.batch_sizes)?;
+        }
+        if !self.context_lengths.is_empty() {
+            spec.context_lengths = parse_usize_list("--context-lengths", &self.context_lengths)?;
+        }
+        if !self.kv_precisions.is_empty() {
+            spec.kv_precisions = parse_list("--kv-precisions", &self.kv_precisions)?;
+        }
+        if !self.threads.is_empty() {
+            spec.threads = parse_usize_list("--threads", &self.threads)?;
+        }
+        if !self.kernels.is_empty() {
+            spec.kernels = parse_list("--kernels", &self.kernels)?;
+            if spec.kernels.contains(&KernelFamily::Scalar) {
+                anyhow::bail!(
+                    "--kernels scalar: the oracle is for tests, not a model sweep (use i2s, tq2, tq1 or xnor)"
+                );
+            }
+        }
+        spec.isa = self.isa;
+        spec.max_new_tokens = self.max_new_tokens.unwrap_or(spec.max_new_tokens);
+        spec.warmup = self.warmup.unwrap_or(spec.warmup);
+        spec.repeat = self.repeat.unwrap_or(spec.repeat);
+        spec.seed = self.seed.unwrap_or(spec.seed);
+        spec.quality_positions = self.quality_positions.unwrap_or(spec.quality_positions);
+        spec.quality_text = self.quality_text.clone();
+        spec.quality_model = self.quality_model.clone();
+        spec.trace = self.trace;
+        spec.counters = self.counters;
+        spec.pin = self.pin;
+        Ok(spec)
     }
-    spec.isa = a.isa;
-    if let Some(v) = a.max_new_tokens {
-        spec.max_new_tokens = v;
-    }
-    if let Some(v) = a.warmup {
-        spec.warmup = v;
-    }
-    if let Some(v) = a.repeat {
-        spec.repeat = v;
-    }
-    if let Some(v) = a.seed {
-        spec.seed = v;
-    }
-    if let Some(v) = a.quality_positions {
-        spec.quality_positions = v;
-    }
-    spec.quality_text = a.quality_text;
-    spec.quality_model = a.quality_model;
-    spec.trace = a.trace;
-    spec.counters = a.counters;
-    spec.pin = a.pin;
+}
+
+/// The model sweep: build the spec from the flags, check the outputs can be written (before
+/// minutes of measuring, not after), run, write the reports.
+fn model_sweep(a: SweepArgs) -> Result<()> {
+    let mut spec = a.spec()?;
     for p in [&a.json_report, &a.csv, &a.markdown].into_iter().flatten() {
         model_cmds::check_writable(p)?;
     }

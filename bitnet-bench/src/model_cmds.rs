@@ -10,7 +10,7 @@ use bitnet_engine::model::{
     bytes_read_per_token, prefill, tensor_layout, FfnActivation, Sampler, SamplingParams, TensorInfo,
 };
 use bitnet_engine::tokenizer::Tokenizer;
-use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
+use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use serde_json::json;
 
 pub use bitnet_engine::gguf::ModelSource;
@@ -187,6 +187,77 @@ pub fn inspect_table(v: &serde_json::Value) -> String {
     s
 }
 
+/// `--threads`: all available when not given; 0 is an error.
+pub fn threads_or_all(threads: Option<usize>) -> Result<usize> {
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        bail!("--threads must be ≥ 1");
+    }
+    Ok(threads)
+}
+
+/// `run`'s kernel and the format of a preset's synthetic weights from `--kernel`, `--isa` and
+/// `--format`, each defaulting to what the others imply: the kernel family made for the
+/// format (else i2s) at its best ISA here, the kernel's native format (else i2). `None`: the
+/// engine picks the kernel for the weights.
+pub fn run_kernel_and_format(
+    family: Option<KernelFamily>,
+    isa: Option<IsaLevel>,
+    format: Option<WeightFormat>,
+) -> Result<(Option<Kernel>, WeightFormat)> {
+    let kernel = match (family, isa) {
+        (None, None) => None,
+        (family, isa) => {
+            let family = family.unwrap_or(format.map_or(KernelFamily::I2s, |f| Kernel::best_for(f).family()));
+            let isa = isa.unwrap_or_else(|| Kernel::best(family).isa());
+            Some(
+                Kernel::new(family, isa, family.default_form(isa))
+                    .with_context(|| format!("--kernel {family} --isa {isa}"))?,
+            )
+        }
+    };
+    let format = format.unwrap_or_else(|| kernel.map_or(WeightFormat::I2, |k| k.family().native_format()));
+    if let Some(k) = kernel {
+        if !k.family().accepts(format) {
+            bail!(
+                "--kernel {} cannot read --format {format} weights (it reads {})",
+                k.family(),
+                k.family().native_format()
+            );
+        }
+    }
+    Ok((kernel, format))
+}
+
+/// `--save-format` by default: the model's TQ format, else TQ2_0 (llama.cpp runs both).
+pub fn default_save_format(format: WeightFormat) -> WeightFormat {
+    if format == WeightFormat::Tq1_0 {
+        WeightFormat::Tq1_0
+    } else {
+        WeightFormat::Tq2_0
+    }
+}
+
+/// A text prompt as `run` feeds it: its ids, the tokenizer to stream the answer with, and the
+/// end-of-generation tokens that end it early.
+pub struct TextPrompt {
+    pub tokens: Vec<u32>,
+    pub tokenizer: Tokenizer,
+    pub stop_at: Vec<u32>,
+}
+
+/// `text` tokenized with `model`'s tokenizer (BOS where the file adds it, special tokens
+/// parsed).
+pub fn text_prompt(model: &str, text: &str) -> Result<TextPrompt> {
+    let tokenizer = tokenizer(model)?;
+    let tokens = tokenizer.encode(text, true, true);
+    if tokens.is_empty() {
+        bail!("--prompt: the text gives no tokens (and the model adds no BOS)");
+    }
+    let stop_at = (0..tokenizer.vocab_size() as u32).filter(|id| tokenizer.is_eog(*id)).collect();
+    Ok(TextPrompt { tokens, tokenizer, stop_at })
+}
+
 /// Options of `run`.
 pub struct RunArgs {
     pub model: String,
@@ -311,6 +382,36 @@ pub fn run(a: &RunArgs, mut on_token: impl FnMut(u32)) -> Result<RunOutcome> {
         bytes_read_per_step: model.weights.bytes_read_per_step_by(a.kernel, 1),
         kernel: st.kernel(&model),
     })
+}
+
+/// The timings line `run` prints on stderr: kernel, settings, prefill rate, and the decode
+/// rate with the bandwidth it implies where there were decode steps.
+pub fn run_timings(a: &RunArgs, out: &RunOutcome) -> String {
+    let n_prompt = a.tokens.len();
+    let prefill = format!(
+        "kernel {}, {} threads, kv {}, batch {}: prefill {} tokens in {:.1} ms ({:.1} tok/s)",
+        out.kernel,
+        a.threads,
+        a.kv,
+        a.batch,
+        n_prompt,
+        out.prefill_secs * 1e3,
+        n_prompt as f64 / out.prefill_secs,
+    );
+    let mib = out.bytes_read_per_step as f64 / (1 << 20) as f64;
+    if out.decode_steps == 0 {
+        // The one new token came from the prefill's logits: there is no decode rate to print.
+        format!("{prefill}; no decode steps (the new token came from the prefill); weights read per step {mib:.1} MiB")
+    } else {
+        let decode_tps = out.decode_steps as f64 / out.decode_secs;
+        // Weights are read once per step for the whole batch.
+        let gbps = out.bytes_read_per_step as f64 * decode_tps / a.batch as f64 / 1e9;
+        format!(
+            "{prefill}; decode {} steps {decode_tps:.1} tok/s ({:.2} ms/token); weights read per step {mib:.1} MiB → {gbps:.1} GB/s",
+            out.decode_steps,
+            1e3 / decode_tps,
+        )
+    }
 }
 
 /// Batched decode: every sequence is prefilled with the same tokens, then all decode in

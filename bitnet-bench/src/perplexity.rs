@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use bitnet_engine::{Kernel, KvPrecision, LogitsFor, Model, State, StateOptions};
+use bitnet_engine::model::FfnActivation;
+use bitnet_engine::{Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -828,6 +829,262 @@ pub fn perplexity(
     })
 }
 
+/// `--ctx` by default: llama-perplexity's.
+pub const DEFAULT_CTX: usize = 512;
+/// `--kl-top-k` by default.
+pub const DEFAULT_KL_TOP_K: usize = 32;
+
+/// What `bitnet-bench perplexity` measures: a text file on a GGUF model (with its tokenizer),
+/// the engine's settings, and the KL base to write or compare with. [`prepare`] checks it all.
+#[derive(Debug, Clone)]
+pub struct TextPerplexityOptions {
+    /// A GGUF file with a tokenizer (a preset has none).
+    pub model: String,
+    /// The text to score (UTF-8).
+    pub text: PathBuf,
+    /// Tokens per chunk; at most the model's context length.
+    pub ctx: usize,
+    /// At most this many chunks (`None`: all the text holds).
+    pub chunks: Option<usize>,
+    /// Tokens per forward call (`None`: min(ctx, 128)).
+    pub batch: Option<usize>,
+    /// `None`: all available.
+    pub threads: Option<usize>,
+    pub kv: KvPrecision,
+    /// Kernel family of the linear layers, at its best ISA here (`None`: the format's best).
+    pub kernel: Option<KernelFamily>,
+    /// Overrides the model's FFN gating.
+    pub ffn_activation: Option<FfnActivation>,
+    /// Save this run's log-probabilities here as a KL base.
+    pub kl_base: Option<PathBuf>,
+    /// Compare this run with the KL base here.
+    pub kl_ref: Option<PathBuf>,
+    /// Tokens kept per position in a KL base of a vocabulary larger than [`FULL_VOCAB_MAX`].
+    pub kl_top_k: usize,
+    /// Where the caller writes the result as JSON: checked writable before the model loads,
+    /// so that a long run does not fail only at its end.
+    pub json: Option<PathBuf>,
+}
+
+impl Default for TextPerplexityOptions {
+    /// The command's defaults; `model` and `text` are left empty for the caller.
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            text: PathBuf::new(),
+            ctx: DEFAULT_CTX,
+            chunks: None,
+            batch: None,
+            threads: None,
+            kv: KvPrecision::F16,
+            kernel: None,
+            ffn_activation: None,
+            kl_base: None,
+            kl_ref: None,
+            kl_top_k: DEFAULT_KL_TOP_K,
+            json: None,
+        }
+    }
+}
+
+/// A checked perplexity run, its model loaded and its KL base open, ready to [`run`]: its
+/// figures say what is about to be measured.
+///
+/// [`run`]: PreparedPerplexity::run
+pub struct PreparedPerplexity {
+    /// Tokens the whole text encodes to.
+    pub tokens: usize,
+    /// Chunks to score, and how many the text holds.
+    pub chunks: usize,
+    pub chunks_available: usize,
+    pub options: PerplexityOptions,
+    model: Model,
+    model_path: PathBuf,
+    text_path: PathBuf,
+    text: String,
+    token_ids: Vec<u32>,
+    add_bos: bool,
+    bos: Option<u32>,
+    kl_base: Option<KlBaseWriter>,
+    kl_ref: Option<(KlBaseReader, String)>,
+}
+
+/// What [`PreparedPerplexity::run`] gives: the result, and what became of a `kl_base`.
+pub struct PerplexityOutcome {
+    pub result: PerplexityResult,
+    /// A KL base was asked for but no chunk finished, so none was written.
+    pub kl_base_empty: bool,
+}
+
+/// Checks every input (files, tokenizer, ctx, text length, KL base) before the model loads,
+/// then loads it and opens the KL base. Errors name the flag (`--ctx`, `--kl-ref`, ...).
+pub fn prepare(o: &TextPerplexityOptions) -> Result<PreparedPerplexity> {
+    use crate::model_cmds;
+    let threads = o.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        bail!("--threads must be ≥ 1");
+    }
+    if o.ctx < 3 {
+        bail!("--ctx {}: at least 3 (a chunk scores ctx − ctx/2 − 1 tokens)", o.ctx);
+    }
+    let batch = o.batch.unwrap_or(o.ctx.min(128));
+    if batch == 0 || batch > o.ctx {
+        bail!("--batch {batch}: between 1 and --ctx ({})", o.ctx);
+    }
+    if o.chunks == Some(0) {
+        bail!("--chunks must be ≥ 1");
+    }
+    if o.kl_top_k == 0 {
+        bail!("--kl-top-k must be ≥ 1");
+    }
+    for (flag, p) in [("--json", &o.json), ("--kl-base", &o.kl_base)] {
+        if let Some(p) = p {
+            model_cmds::check_writable(p).with_context(|| flag.to_string())?;
+        }
+    }
+    let text = model_cmds::read_text(&o.text, "--text")?;
+    let model_path = match model_cmds::resolve(&o.model)? {
+        model_cmds::ModelSource::Gguf(p) => p,
+        model_cmds::ModelSource::Preset(_) => bail!(
+            "--model {}: a preset has no tokenizer (metadata key tokenizer.ggml.model); give a GGUF file",
+            o.model
+        ),
+    };
+    let tokenizer = model_cmds::tokenizer(&o.model)?;
+    let max_context = bitnet_engine::gguf::read_config(&model_path)
+        .with_context(|| format!("--model {}", model_path.display()))?
+        .max_context;
+    if o.ctx > max_context {
+        bail!("--ctx {}: the model's context length is {max_context}", o.ctx);
+    }
+    let (add_bos, bos) = (tokenizer.add_bos(), tokenizer.bos());
+    let tokens = tokenizer.encode(&text, true, false);
+    if tokens.len() < 2 * o.ctx {
+        bail!(
+            "--text {}: {} tokens; --ctx {} needs at least {} (2 × ctx, llama-perplexity's rule)",
+            o.text.display(),
+            tokens.len(),
+            o.ctx,
+            2 * o.ctx
+        );
+    }
+    let available = chunks_available(tokens.len(), o.ctx);
+    let mut chunks = o.chunks.map_or(available, |c| c.min(available));
+    let kl_ref = match &o.kl_ref {
+        None => None,
+        Some(p) => {
+            let r = KlBaseReader::open(p)?;
+            if r.header.chunks > available || o.chunks.is_some_and(|c| c != r.header.chunks) {
+                bail!(
+                    "--kl-ref {}: the base has {} chunks; this run has {} (--chunks, or the text holds {available})",
+                    p.display(),
+                    r.header.chunks,
+                    chunks
+                );
+            }
+            chunks = r.header.chunks;
+            let hash = fed_tokens_hash(&tokens, o.ctx, chunks, add_bos, bos);
+            r.header.check(&p.display().to_string(), tokenizer.vocab_size(), o.ctx, hash)?;
+            Some((r, p.display().to_string()))
+        }
+    };
+    let kernel = o
+        .kernel
+        .map(|f| {
+            let isa = Kernel::best(f).isa();
+            Kernel::new(f, isa, f.default_form(isa)).with_context(|| format!("--kernel {f}"))
+        })
+        .transpose()?;
+    let (model, _) = model_cmds::load(&o.model, WeightFormat::I2, 42, threads, o.ffn_activation)?;
+    if model.config.vocab != tokenizer.vocab_size() {
+        bail!(
+            "--model {}: the tokenizer has {} tokens, the model's output {}",
+            model_path.display(),
+            tokenizer.vocab_size(),
+            model.config.vocab
+        );
+    }
+    let kl_base = match &o.kl_base {
+        None => None,
+        Some(p) => Some(KlBaseWriter::create(
+            p,
+            KlHeader {
+                vocab: model.config.vocab,
+                ctx: o.ctx,
+                chunks,
+                top_k: base_top_k(model.config.vocab, o.kl_top_k),
+                tokens_hash: fed_tokens_hash(&tokens, o.ctx, chunks, add_bos, bos),
+            },
+        )?),
+    };
+    Ok(PreparedPerplexity {
+        tokens: tokens.len(),
+        chunks,
+        chunks_available: available,
+        options: PerplexityOptions {
+            ctx: o.ctx,
+            chunks: Some(chunks),
+            batch,
+            threads,
+            kv: o.kv,
+            kernel,
+            kl_top_k: o.kl_top_k,
+        },
+        model,
+        model_path,
+        text_path: o.text.clone(),
+        text,
+        token_ids: tokens,
+        add_bos,
+        bos,
+        kl_base,
+        kl_ref,
+    })
+}
+
+impl PreparedPerplexity {
+    /// Scores the chunks (`on_chunk` gets each running estimate) until done or `stop` is set,
+    /// writes the KL base if one was asked for and a chunk finished (else removes it), and
+    /// fills in the model's and the text's file names, sizes and hash.
+    pub fn run(self, stop: &AtomicBool, on_chunk: &mut dyn FnMut(&ChunkEstimate)) -> Result<PerplexityOutcome> {
+        let Self {
+            options, model, model_path, text_path, text, token_ids, add_bos, bos, mut kl_base, mut kl_ref, ..
+        } = self;
+        let kl = match (&mut kl_base, &mut kl_ref) {
+            (Some(w), _) => Kl::Base(w),
+            (_, Some((r, name))) => Kl::Ref(r, name.clone()),
+            _ => Kl::None,
+        };
+        let result = perplexity(&model, &token_ids, add_bos, bos, &options, kl, stop, on_chunk);
+        let mut result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(w) = kl_base {
+                    w.abandon();
+                }
+                return Err(e);
+            }
+        };
+        let mut kl_base_empty = false;
+        if let Some(w) = kl_base {
+            if result.chunks == 0 {
+                w.abandon();
+                kl_base_empty = true;
+            } else {
+                w.finish(result.chunks)?;
+            }
+        }
+        use sha2::Digest;
+        let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        result.model.file = name(&model_path);
+        result.model.file_bytes = std::fs::metadata(&model_path).map_or(0, |m| m.len());
+        result.text.file = name(&text_path);
+        result.text.bytes = text.len() as u64;
+        result.text.sha256 = sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        Ok(PerplexityOutcome { result, kl_base_empty })
+    }
+}
+
 /// The text summary printed after the run (also on interruption).
 pub fn summary(r: &PerplexityResult) -> String {
     use std::fmt::Write as _;
@@ -938,10 +1195,10 @@ mod tests {
         score(src, tokens, ctx, chunks, true, Some(1), kl, &AtomicBool::new(false), &mut |_| {}).unwrap()
     }
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("bitnet-ppl-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d.join(name)
+    /// A fresh scratch directory per test, removed when dropped (pass or fail), so tests
+    /// running in parallel never share files.
+    fn scratch() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("bitnet-ppl-unit-").tempdir().unwrap()
     }
 
     #[test]
@@ -997,7 +1254,8 @@ mod tests {
         let tokens: Vec<u32> = (0..64u32).map(|i| (i * 37) % 5000).collect();
         let k = base_top_k(vocab, 8);
         assert_eq!(k, 8);
-        for (top_k, path) in [(k, tmp("topk.kl")), (0, tmp("full.kl"))] {
+        let dir = scratch();
+        for (top_k, path) in [(k, dir.path().join("topk.kl")), (0, dir.path().join("full.kl"))] {
             let hash = fed_tokens_hash(&tokens, 16, 4, true, Some(1));
             let h = KlHeader { vocab, ctx: 16, chunks: 4, top_k, tokens_hash: hash };
             let mut w = KlBaseWriter::create(&path, h).unwrap();
@@ -1053,7 +1311,8 @@ mod tests {
     fn a_base_from_other_tokens_or_ctx_is_refused_naming_the_field() {
         let vocab = 10;
         let tokens: Vec<u32> = (0..40u32).map(|i| i % 10).collect();
-        let path = tmp("refuse.kl");
+        let dir = scratch();
+        let path = dir.path().join("refuse.kl");
         let h =
             KlHeader { vocab, ctx: 8, chunks: 3, top_k: 0, tokens_hash: fed_tokens_hash(&tokens, 8, 3, true, Some(1)) };
         let mut w = KlBaseWriter::create(&path, h).unwrap();
@@ -1075,8 +1334,9 @@ mod tests {
         assert!(run(&tokens, 10, 3).unwrap_err().contains("ctx is 8 in the base, --ctx 10"));
         assert!(run(&tokens, 8, 2).unwrap_err().contains("the base has 3 chunks"));
         // A file that is not a base.
-        std::fs::write(tmp("junk.kl"), b"hello world, this is not a base file at all....").unwrap();
-        let e = KlBaseReader::open(&tmp("junk.kl")).err().unwrap().to_string();
+        let junk = dir.path().join("junk.kl");
+        std::fs::write(&junk, b"hello world, this is not a base file at all....").unwrap();
+        let e = KlBaseReader::open(&junk).err().unwrap().to_string();
         assert!(e.contains("not a KL base"), "{e}");
     }
 

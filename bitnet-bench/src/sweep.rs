@@ -93,6 +93,25 @@ impl Default for SweepSpec {
     }
 }
 
+impl SweepSpec {
+    /// A smoke sweep (`--quick`): one batch size, one short context, two KV precisions, a few
+    /// tokens and a small bandwidth probe, to check in seconds that everything runs end to end.
+    /// CI and the committed baselines run it, so its settings live here and not in the binary.
+    pub fn quick() -> Self {
+        Self {
+            batch_sizes: vec![1],
+            context_lengths: vec![16],
+            kv_precisions: vec![KvPrecision::F16, KvPrecision::Int8],
+            max_new_tokens: 4,
+            warmup: 1,
+            repeat: 2,
+            quality_positions: 16,
+            probe_bytes: 64 << 20,
+            ..Self::default()
+        }
+    }
+}
+
 /// One combination to measure.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Combo {
@@ -930,5 +949,36 @@ impl Runner for EngineRunner {
             perplexity_f32: None,
             perplexity: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `quick()` changes only the sizes of the sweep; the model, seed, threads and flags stay
+    /// the default's, so `--quick` with other flags means what the flags say.
+    #[test]
+    fn quick_differs_from_default_only_in_its_sizes() {
+        let (q, d) = (SweepSpec::quick(), SweepSpec::default());
+        assert_eq!(q.batch_sizes, vec![1]);
+        assert_eq!(q.context_lengths, vec![16]);
+        assert_eq!(q.kv_precisions, vec![KvPrecision::F16, KvPrecision::Int8]);
+        assert_eq!((q.max_new_tokens, q.warmup, q.repeat), (4, 1, 2));
+        assert_eq!((q.quality_positions, q.probe_bytes), (16, 64 << 20));
+        // Every other field as the default's: put the quick fields back and compare the whole
+        // (SweepSpec has no PartialEq; its Debug form lists every field).
+        let restored = SweepSpec {
+            batch_sizes: d.batch_sizes.clone(),
+            context_lengths: d.context_lengths.clone(),
+            kv_precisions: d.kv_precisions.clone(),
+            max_new_tokens: d.max_new_tokens,
+            warmup: d.warmup,
+            repeat: d.repeat,
+            quality_positions: d.quality_positions,
+            probe_bytes: d.probe_bytes,
+            ..q
+        };
+        assert_eq!(format!("{restored:?}"), format!("{d:?}"));
     }
 }

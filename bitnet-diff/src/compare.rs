@@ -29,21 +29,35 @@ pub enum Better {
     Lower,
 }
 
-/// A metric that can be compared.
+/// Which threshold a metric's change is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threshold {
+    /// `--threshold`: speed and memory figures, which vary by a few percent from run to run.
+    Run,
+    /// `--ppl-threshold` ([`PERPLEXITY_THRESHOLD`] by default): quality figures are
+    /// deterministic and far more sensitive than speed's 5%.
+    Perplexity,
+    /// `--kl-threshold` ([`KL_THRESHOLD`] by default).
+    Kl,
+}
+
+/// A metric that can be compared: what it reads from a result and how its change is judged.
 #[derive(Clone, Copy)]
 pub struct Metric {
     pub name: &'static str,
     pub better: Better,
     pub samples: fn(&BenchResult) -> Option<Vec<f64>>,
-    /// The metric's own threshold, used instead of `--threshold` (quality figures are
-    /// deterministic and far more sensitive than speed's 5%).
-    pub own_threshold: Option<f64>,
+    pub threshold: Threshold,
     /// Values below this count as it (0: none): a KL divergence of exactly 0 (a run against
     /// itself) still ratios against a worse one.
     pub floor: f64,
     /// Whether the metric is a quality figure, which is compared only when both results
     /// measured it on real text (synthetic quality estimates no model).
     pub quality: bool,
+    /// Why a regression or improvement of this metric between two results may not be the
+    /// code's (something else it follows moved between the runs): the verdict is then
+    /// inconclusive, with this reason as its note.
+    pub not_like_for_like: Option<fn(base: &BenchResult, new: &BenchResult) -> Option<String>>,
 }
 
 /// Perplexity's own threshold: a 1% rise is a real loss of quality for a model.
@@ -55,7 +69,16 @@ pub const KL_FLOOR: f64 = 1e-6;
 
 impl Metric {
     const fn speed(name: &'static str, better: Better, samples: fn(&BenchResult) -> Option<Vec<f64>>) -> Self {
-        Metric { name, better, samples, own_threshold: None, floor: 0.0, quality: false }
+        Metric { name, better, samples, threshold: Threshold::Run, floor: 0.0, quality: false, not_like_for_like: None }
+    }
+
+    /// The threshold this metric's change is held to, of `--threshold` and the quality ones.
+    pub fn resolve_threshold(&self, run: f64, quality: QualityThresholds) -> f64 {
+        match self.threshold {
+            Threshold::Run => run,
+            Threshold::Perplexity => quality.perplexity,
+            Threshold::Kl => quality.kl,
+        }
     }
 }
 
@@ -66,23 +89,27 @@ pub fn metrics() -> Vec<Metric> {
         Metric::speed("prefill.tokens_per_sec", Better::Higher, |r| Some(r.prefill.tokens_per_sec.samples.clone())),
         Metric::speed("prefill.ttft_ms", Better::Lower, |r| Some(r.prefill.ttft_ms.samples.clone())),
         Metric::speed("decode.latency_ms", Better::Lower, |r| Some(r.decode.latency_ms.samples.clone())),
-        Metric::speed(
-            "decode.roofline_fraction",
-            Better::Higher,
-            // Each roofline pass's median (a pass per measured run; each step over the probe
-            // taken right after it, so the samples stay comparable when the machine's
-            // bandwidth moved between the two runs). A report with one pass (`step_fractions`
-            // only) or none is one sample: a run's steps are not independent samples.
-            |r| {
-                Some(if !r.decode.pass_fractions.is_empty() {
-                    r.decode.pass_fractions.clone()
-                } else if !r.decode.step_fractions.is_empty() {
-                    vec![crate::stats::median(&r.decode.step_fractions)]
-                } else {
-                    vec![r.decode.roofline_fraction]
-                })
-            },
-        ),
+        Metric {
+            not_like_for_like: Some(probe_levels_apart),
+            ..Metric::speed(
+                "decode.roofline_fraction",
+                Better::Higher,
+                // Each roofline pass's median (a pass per measured run; each step over the probe
+                // taken right after it, so the samples stay comparable when the machine's
+                // bandwidth moved between the two runs). A report with one pass
+                // (`step_fractions` only) or none is one sample: a run's steps are not
+                // independent samples.
+                |r| {
+                    Some(if !r.decode.pass_fractions.is_empty() {
+                        r.decode.pass_fractions.clone()
+                    } else if !r.decode.step_fractions.is_empty() {
+                        vec![crate::stats::median(&r.decode.step_fractions)]
+                    } else {
+                        vec![r.decode.roofline_fraction]
+                    })
+                },
+            )
+        },
         Metric::speed(
             "decode.compute_fraction",
             Better::Higher,
@@ -101,17 +128,19 @@ pub fn metrics() -> Vec<Metric> {
             name: "quality.kl_divergence",
             better: Better::Lower,
             samples: |r| r.quality.as_ref().map(|q| vec![q.kl_divergence]),
-            own_threshold: Some(KL_THRESHOLD),
+            threshold: Threshold::Kl,
             floor: KL_FLOOR,
             quality: true,
+            not_like_for_like: None,
         },
         Metric {
             name: "quality.perplexity",
             better: Better::Lower,
             samples: |r| r.quality.as_ref().and_then(|q| q.perplexity).map(|p| vec![p]),
-            own_threshold: Some(PERPLEXITY_THRESHOLD),
+            threshold: Threshold::Perplexity,
             floor: 0.0,
             quality: true,
+            not_like_for_like: None,
         },
     ]
 }
@@ -122,7 +151,7 @@ pub fn default_metrics(base: &Report, new: &Report) -> Vec<String> {
     let mut m: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
     let real = |r: &Report| r.results.iter().any(|x| x.quality.as_ref().is_some_and(|q| q.is_real()));
     if real(base) && real(new) {
-        m.extend(["quality.kl_divergence".to_string(), "quality.perplexity".to_string()]);
+        m.extend(metrics().iter().filter(|x| x.quality).map(|x| x.name.to_string()));
     }
     m
 }
@@ -224,14 +253,26 @@ pub struct Comparison {
     pub not_compared: Vec<String>,
 }
 
+/// What [`decide`] concluded about one metric, and the figures behind it. Changes are in log
+/// space, `ln(median(new) / median(base))`, where swapping the sides only flips their signs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// ln(median(new) / median(base)).
+    pub log_change: f64,
+    /// The 95% bootstrap interval of `log_change` (both ends equal to it with one sample on
+    /// a side).
+    pub log_ci_low: f64,
+    pub log_ci_high: f64,
+    /// Welch's two-sided p-value on the log samples; `None` with one sample on a side.
+    pub p_value: Option<f64>,
+    pub verdict: Verdict,
+    /// With one sample on a side, that the verdict is a plain threshold; when inconclusive,
+    /// what would likely settle it.
+    pub note: Option<String>,
+}
+
 /// Compares one metric's samples.
-pub fn decide(
-    base: &[f64],
-    new: &[f64],
-    better: Better,
-    threshold: f64,
-    seed: u64,
-) -> (f64, f64, f64, Option<f64>, Verdict, Option<String>) {
+pub fn decide(base: &[f64], new: &[f64], better: Better, threshold: f64, seed: u64) -> Decision {
     let tau = (1.0 + threshold).ln();
     let sign = if better == Better::Higher { 1.0 } else { -1.0 };
     if base.len() < 2 || new.len() < 2 {
@@ -245,7 +286,7 @@ pub fn decide(
             Verdict::Unchanged
         };
         let note = format!("{} sample(s) vs {}: plain threshold, no statistics", base.len(), new.len());
-        return (d, d, d, None, v, Some(note));
+        return Decision { log_change: d, log_ci_low: d, log_ci_high: d, p_value: None, verdict: v, note: Some(note) };
     }
     let (d, lo, hi) = bootstrap_log_ratio(base, new, RESAMPLES, seed);
     let logs = |v: &[f64]| v.iter().map(|x| x.ln()).collect::<Vec<_>>();
@@ -271,7 +312,7 @@ pub fn decide(
         };
         (Verdict::Inconclusive, Some(hint))
     };
-    (d, lo, hi, Some(p), verdict, note)
+    Decision { log_change: d, log_ci_low: lo, log_ci_high: hi, p_value: Some(p), verdict, note }
 }
 
 /// Whether two reports come from different tools: an imported `llama-bench` report beside one
@@ -618,18 +659,14 @@ pub fn compare_with(
                 not_compared.push(format!("{cfg} {}: {which} no samples or samples that are not positive", m.name));
                 continue;
             }
-            let own = match m.name {
-                "quality.perplexity" => Some(quality.perplexity),
-                "quality.kl_divergence" => Some(quality.kl),
-                _ => m.own_threshold,
-            };
-            let (d, lo, hi, p, mut verdict, mut note) = decide(&sb, &sn, m.better, own.unwrap_or(threshold), seed);
-            if m.name == "decode.roofline_fraction" && matches!(verdict, Verdict::Regression | Verdict::Improvement) {
-                if let Some(levels) = probe_levels_apart(b, n) {
-                    verdict = Verdict::Inconclusive;
-                    note = Some(levels);
+            let mut decision = decide(&sb, &sn, m.better, m.resolve_threshold(threshold, quality), seed);
+            if matches!(decision.verdict, Verdict::Regression | Verdict::Improvement) {
+                if let Some(why) = m.not_like_for_like.and_then(|unlike| unlike(b, n)) {
+                    decision.verdict = Verdict::Inconclusive;
+                    decision.note = Some(why);
                 }
             }
+            let Decision { log_change, log_ci_low, log_ci_high, p_value, verdict, note } = decision;
             match verdict {
                 Verdict::Regression => counts.regressions += 1,
                 Verdict::Improvement => counts.improvements += 1,
@@ -643,10 +680,10 @@ pub fn compare_with(
                 new_median: median(&sn),
                 n_base: sb.len(),
                 n_new: sn.len(),
-                change: d.exp() - 1.0,
-                ci_low: lo.exp() - 1.0,
-                ci_high: hi.exp() - 1.0,
-                p_value: p,
+                change: log_change.exp() - 1.0,
+                ci_low: log_ci_low.exp() - 1.0,
+                ci_high: log_ci_high.exp() - 1.0,
+                p_value,
                 verdict,
                 note,
             });

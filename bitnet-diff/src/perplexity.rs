@@ -64,21 +64,33 @@ fn model_line(r: &PerplexityResult) -> String {
     format!("{} ({}, {} FFN, {} kernel, {} KV)", m.name, m.file, m.ffn_activation, m.kernel, m.kv)
 }
 
-fn row(metric: &'static str, better: Better, base: f64, new: f64, errs: (Option<f64>, Option<f64>), t: f64) -> Row {
-    let floor = if metric.starts_with("kl") { KL_FLOOR } else { 0.0 };
-    let (b, n) = (base.max(floor), new.max(floor));
+/// A figure of a perplexity result that is compared: its name, which way is better, and the
+/// value below which values count as it (0: none).
+struct Figure {
+    name: &'static str,
+    better: Better,
+    floor: f64,
+}
+
+const PERPLEXITY: Figure = Figure { name: "perplexity", better: Better::Lower, floor: 0.0 };
+/// A KL of exactly 0 (a run against its own base) still ratios against a worse one.
+const KL_MEAN: Figure = Figure { name: "kl_mean", better: Better::Lower, floor: KL_FLOOR };
+const SAME_TOP: Figure = Figure { name: "same_top", better: Better::Higher, floor: 0.0 };
+
+fn row(figure: &Figure, base: f64, new: f64, errs: (Option<f64>, Option<f64>), t: f64) -> Row {
+    let (b, n) = (base.max(figure.floor), new.max(figure.floor));
     // One value a side, deterministic: `decide`'s plain threshold on the log ratio.
-    let (d, _, _, _, verdict, _) = crate::compare::decide(&[b], &[n], better, t, 0);
+    let decision = crate::compare::decide(&[b], &[n], figure.better, t, 0);
     Row {
-        metric,
-        better,
+        metric: figure.name,
+        better: figure.better,
         base,
         new,
         base_error: errs.0,
         new_error: errs.1,
-        change: d.exp() - 1.0,
+        change: decision.log_change.exp() - 1.0,
         threshold: t,
-        verdict,
+        verdict: decision.verdict,
     }
 }
 
@@ -114,23 +126,21 @@ pub fn compare(
     let mut rows = Vec::new();
     match (base.perplexity, new.perplexity) {
         (Some(b), Some(n)) => {
-            rows.push(row("perplexity", Better::Lower, b, n, (base.standard_error, new.standard_error), ppl_threshold))
+            rows.push(row(&PERPLEXITY, b, n, (base.standard_error, new.standard_error), ppl_threshold))
         }
         _ => notes.push("perplexity: a result scored no token".into()),
     }
     match (&base.kl, &new.kl) {
         (Some(b), Some(n)) if b.base_file == n.base_file && b.kl_support == n.kl_support => {
             rows.push(row(
-                "kl_mean",
-                Better::Lower,
+                &KL_MEAN,
                 b.kl_mean,
                 n.kl_mean,
                 (Some(b.kl_standard_error), Some(n.kl_standard_error)),
                 kl_threshold,
             ));
             rows.push(row(
-                "same_top",
-                Better::Higher,
+                &SAME_TOP,
                 b.same_top,
                 n.same_top,
                 (Some(b.same_top_standard_error), Some(n.same_top_standard_error)),

@@ -149,20 +149,23 @@ fn the_output_is_deterministic_for_a_seed() {
 
 #[test]
 fn one_sample_per_side_falls_back_to_a_plain_threshold() {
-    let (d, lo, hi, p, v, note) = decide(&[100.0], &[90.0], Better::Higher, 0.05, 1);
-    assert_eq!((lo, hi, p, v), (d, d, None, Verdict::Regression));
-    assert!(note.unwrap().contains("plain threshold"));
-    assert_eq!(decide(&[100.0], &[98.0], Better::Higher, 0.05, 1).4, Verdict::Unchanged);
-    assert_eq!(decide(&[100.0], &[90.0], Better::Lower, 0.05, 1).4, Verdict::Improvement);
+    let d = decide(&[100.0], &[90.0], Better::Higher, 0.05, 1);
+    assert_eq!(
+        (d.log_ci_low, d.log_ci_high, d.p_value, d.verdict),
+        (d.log_change, d.log_change, None, Verdict::Regression)
+    );
+    assert!(d.note.unwrap().contains("plain threshold"));
+    assert_eq!(decide(&[100.0], &[98.0], Better::Higher, 0.05, 1).verdict, Verdict::Unchanged);
+    assert_eq!(decide(&[100.0], &[90.0], Better::Lower, 0.05, 1).verdict, Verdict::Improvement);
 }
 
 #[test]
 fn noisy_small_samples_are_inconclusive_with_a_hint() {
     let base = [100.0, 80.0, 120.0];
     let new = [92.0, 70.0, 115.0];
-    let (_, _, _, _, v, note) = decide(&base, &new, Better::Higher, 0.05, 1);
-    assert_eq!(v, Verdict::Inconclusive);
-    assert!(note.unwrap().contains("repetitions"), "a hint of how many runs would settle it");
+    let d = decide(&base, &new, Better::Higher, 0.05, 1);
+    assert_eq!(d.verdict, Verdict::Inconclusive);
+    assert!(d.note.unwrap().contains("repetitions"), "a hint of how many runs would settle it");
 }
 
 proptest! {
@@ -178,8 +181,8 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let better = if higher { Better::Higher } else { Better::Lower };
-        let ab = decide(&a, &b, better, 0.05, seed).4;
-        let ba = decide(&b, &a, better, 0.05, seed).4;
+        let ab = decide(&a, &b, better, 0.05, seed).verdict;
+        let ba = decide(&b, &a, better, 0.05, seed).verdict;
         let mirrored = match ab {
             Verdict::Regression => Verdict::Improvement,
             Verdict::Improvement => Verdict::Regression,
