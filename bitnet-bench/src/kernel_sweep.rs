@@ -2,7 +2,7 @@
 //! default), in cache and streaming from DRAM, quoted against the memory-bandwidth probe and the
 //! scalar oracle measured in the same run (these machines are shared and noisy: ratios, not
 //! absolutes). Also the LM head as llama.cpp's quantizer stores it (Q6_K rows, vocabulary ×
-//! hidden), which is 16–31% of a decode step.
+//! hidden), a sizeable share of a decode step.
 
 use std::time::{Duration, Instant};
 

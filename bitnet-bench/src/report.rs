@@ -286,9 +286,8 @@ pub struct Decode {
     /// bandwidth for the same threads.
     pub roofline_fraction: f64,
     /// The roofline pass's probes (GB/s, same threads, 128 MiB each), one right after each of
-    /// its decode steps. The bandwidth of a shared machine jumps between levels every few
-    /// seconds (30 and 54 GB/s on our VMs), so a probe seconds away from a step says little
-    /// about it.
+    /// its decode steps. The bandwidth of a shared machine can jump between levels every few
+    /// seconds, so a probe seconds away from a step says little about it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes_gbps: Vec<f64>,
     /// Each roofline-pass step's bytes (bytes_per_step with that step's own KV positions) ÷ its

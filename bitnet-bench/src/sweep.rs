@@ -187,8 +187,8 @@ pub trait Runner {
     fn prepare(&mut self, combo: &Combo, max_new: usize) -> Result<Prepared>;
     fn run(&mut self, max_new: usize) -> Result<RunSample>;
     /// Another run whose decode steps each have a bandwidth probe right after them, for the
-    /// roofline fraction: on a shared machine the bandwidth jumps between levels (30 and 54
-    /// GB/s here) every few seconds, so probes seconds away from a step say little about it.
+    /// roofline fraction: on a shared machine the bandwidth can jump between levels every few
+    /// seconds, so probes seconds away from a step say little about it.
     /// With `reuse_prompt`, decodes again after the last run's prompt (its KV rows are still in
     /// the cache) instead of prefilling it anew.
     fn roofline_pass(&mut self, max_new: usize, reuse_prompt: bool) -> Result<RooflinePass>;

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 pub struct System {
     /// `model name` of /proc/cpuinfo.
     pub cpu_model: String,
-    /// The CPU's CPUID identity (absent from older and imported reports): VMs give several
-    /// generations one brand string ("AMD EPYC" on Zen 3, 4 and 5), whose figures differ by up
-    /// to 2×.
+    /// The CPU's CPUID identity (absent from older and imported reports): VMs may give several
+    /// CPU generations one brand string, and their figures can differ a lot, so `cpu_model`
+    /// alone does not tell two machines apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_id: Option<CpuIdentity>,
     pub physical_cores: usize,
@@ -31,7 +31,7 @@ pub struct System {
     pub turbo: Option<String>,
     /// Transparent huge pages mode (`always`, `madvise` or `never`), where readable. The
     /// engine asks for huge pages for weights, KV cache and the bandwidth probe; under `never`
-    /// they get 4 KiB pages and one thread streams about a quarter slower on our machines.
+    /// they get 4 KiB pages, which stream more slowly (a TLB miss every 4 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent_hugepage: Option<String>,
     /// Whether the engine asked for huge pages for those buffers: false when the run had

@@ -340,9 +340,9 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     if let (Some(x), Some(y)) = (&a.system.cpu_id, &b.system.cpu_id) {
         diff("CPU (CPUID)", x.to_string(), y.to_string());
     }
-    // VMs may give every CPU generation one name (our Zen 4 and Zen 5 VMs both say "AMD EPYC",
-    // with up to 2x apart in bandwidth and multiply-add rate); CPUID (above, in newer reports),
-    // caches and features tell them apart. Compared only where both reports know them (an
+    // VMs may give several CPU generations one name, with very different bandwidth and
+    // multiply-add rates (docs/perf-notes.md); CPUID (above, in newer reports), caches and
+    // features tell them apart. Compared only where both reports know them (an
     // imported llama-bench report doesn't).
     for (what, x, y) in [
         ("L1d cache", a.system.l1d_kib, b.system.l1d_kib),
@@ -495,14 +495,14 @@ fn probes_apart<'a>(
 }
 
 /// Step probes whose medians are this far apart (the larger over the smaller) were taken with
-/// the bus at another level: shared VMs move between about 30–35 and 51–57 GB/s (Zen 4), and
-/// within a level the medians stay within a few percent.
+/// the bus at another level: shared VMs move between levels far more than 20% apart, and
+/// within a level the medians stay within a few percent (levels measured: docs/perf-notes.md).
 pub const PROBE_LEVELS_APART: f64 = 1.2;
 
 /// Why a roofline fraction's change is not like for like, where the step probes behind the two
-/// fractions read at different levels: the fraction itself moves with the level (on Zen 4 with
-/// two threads, batch-1 decode reaches 84–91% of a 33–35 GB/s bus but 73–76% of a 51–57 GB/s
-/// one, where the cores and not the bus are the limit). `None` where either report lacks the
+/// fractions read at different levels: the fraction itself moves with the level (on a fast bus
+/// the cores and not the bus become the limit, so batch-1 decode reaches a smaller share of
+/// it; measured on Zen 4: docs/perf-notes.md). `None` where either report lacks the
 /// probes (older or imported reports) or they agree.
 fn probe_levels_apart(base: &BenchResult, new: &BenchResult) -> Option<String> {
     let (pb, pn) = (&base.decode.probes_gbps, &new.decode.probes_gbps);

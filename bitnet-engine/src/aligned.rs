@@ -7,16 +7,16 @@
 //! advised `MADV_HUGEPAGE`, so that where transparent huge pages are enabled (`always` or
 //! `madvise`) the kernel backs them with 2 MiB pages. Weights are streamed once per token: with
 //! 4 KiB pages the stream needs a new address translation (a TLB miss and page walk) every
-//! 4 KiB, with huge pages every 2 MiB. On the development VMs one thread reads 24–26 GB/s from
-//! 4 KiB pages and 32–33 GB/s from huge pages. The bandwidth probe uses the same buffers, so
-//! the roofline is measured on the memory the weights live in. Where huge pages are
+//! 4 KiB, with huge pages every 2 MiB, and one thread streams measurably faster from huge pages
+//! (docs/perf-notes.md). The bandwidth probe uses the same buffers, so the roofline is measured
+//! on the memory the weights live in. Where huge pages are
 //! unavailable the advice is ignored and the buffers are ordinary pages.
 //!
 //! Buffers below [`HUGE_PAGE_MIN`] are carved one after another from 64 MiB regions, one
 //! current region per thread: a layer's seven matrices then lie back to back in the order they
 //! were made, which is the order decode reads them, and the kernels see one long stream per
-//! layer instead of seven short ones (a 0.4 MB K projection that starts a new stream read at
-//! 20–23 GB/s beside 26–29 for its neighbours; now all are alike). Larger buffers (embeddings,
+//! layer instead of seven short ones (a 0.4 MB K projection that started a new stream had read
+//! slower than its neighbours; now all are alike). Larger buffers (embeddings,
 //! LM head, the probe) get a mapping each.
 
 use std::cell::RefCell;
@@ -42,7 +42,7 @@ pub const HUGE_PAGE_MIN: usize = 16 << 20;
 
 /// Buffers from this size up to [`HUGE_PAGE_MIN`] are carved from shared huge-page regions.
 /// From 4 KiB pages, the 0.4 MB 2B4T K and V projections streamed at about half the speed of
-/// their neighbours (11–13 against 22–28 GB/s, one thread). Smaller buffers stay on the heap.
+/// their neighbours (docs/perf-notes.md). Smaller buffers stay on the heap.
 pub const SHARED_MIN: usize = 64 << 10;
 
 /// Size of one shared region (32 huge pages; a 2B4T layer is 17.4 MB). Only its touched huge

@@ -154,8 +154,8 @@ pub fn detected_features() -> Vec<(&'static str, bool)> {
 
 /// The CPU's identity from CPUID: vendor string, display family and model (extended fields
 /// folded in, as the vendors' manuals define them) and stepping. Several machine kinds report
-/// the same brand string ("AMD EPYC" on Zen 3, Zen 4 and Zen 5 VMs), and their figures differ by
-/// up to 2× (Zen 4 runs 512-bit operations on 256-bit units), so reports record this too.
+/// the same brand string, and their figures differ widely (Zen 4 runs 512-bit operations on
+/// 256-bit units), so reports record this too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuId {
     pub vendor: String,

@@ -19,16 +19,14 @@ pub const WALL_SLACK_MS: f64 = 0.05;
 /// Span and sampled shares of a stage may differ by this many percentage points for reasons
 /// other than chance, on top of the sampling error (`pprof_limit_pp`): spans are wall time, so
 /// a thread preempted inside a stage adds to its span but takes no samples, and the kernel's
-/// loop around `unpack_stage` / `dot_stage` is inside the spans but not those functions. In 13
-/// runs of CI's trace smoke run (Zen 4, 1300–3000 samples) the unpack spans were 1.4–4.9
-/// points above the samples and dot −1.9 to +3.3; a flat 5-point limit failed one CI run in
-/// about 20, once by 5.3 points.
+/// loop around `unpack_stage` / `dot_stage` is inside the spans but not those functions. The
+/// value comes from CI's trace smoke runs on Zen 4, where a flat 5-point limit failed about one
+/// run in 20 (the runs' figures: docs/perf-notes.md).
 pub const PPROF_SYSTEMATIC_PP: f64 = 4.0;
 /// Extra points a single stage of the split form (`unpack`, `dot`) may differ by: the spans and
 /// the samples place the boundary between the two differently on some CPUs, while agreeing on
-/// their sum, which is checked with the plain limit (`unpack+dot`). On an Intel Xeon (family 6
-/// model 207) six runs put dot's spans 6–11 points above its samples and unpack's 4–8 below,
-/// with their sums 1–3.3 points apart; Zen 4's per-stage figures are in `PPROF_SYSTEMATIC_PP`.
+/// their sum, which is checked with the plain limit (`unpack+dot`). The value covers what an
+/// Intel Xeon (family 6 model 207) measured per stage (docs/perf-notes.md).
 pub const PPROF_BOUNDARY_PP: f64 = 8.0;
 /// How many binomial standard errors of the sampled share the check allows (at 3, chance alone
 /// fails a correct stage about once in 370).

@@ -395,7 +395,7 @@ impl ActivationBatch {
 /// Per-token int8 quantization (`activations::quantize_token_portable`, the definition): with
 /// AVX-512 that code compiled for it (which has byte-narrowing instructions), with AVX2 intrinsics
 /// (`x86_avx2::quantize_token`), each bit-identical to it. At baseline x86-64 the float → byte
-/// narrowing has no single instruction: about 0.7 ns per element.
+/// narrowing has no single instruction, which made the portable loop slow (docs/perf-notes.md).
 pub(crate) fn quantize_token(src: &[f32], dst: &mut [i8]) -> f32 {
     widest_compiled!(quantize_token, crate::activations::quantize_token_portable, src, dst)
 }

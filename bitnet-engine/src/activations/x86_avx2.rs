@@ -9,8 +9,8 @@ use crate::simd::x86_avx2::*;
 /// group pair per step: each group's 16 sums in i16 lanes from two `vpmaddubsw` against
 /// constant trit pairs (activations offset to unsigned, the offset taken back by a constant),
 /// then split into (l, h) bytes (`tq1_lut::lut_split`) and the pair's two tables interleaved.
-/// The portable loop
-/// took 14 ns a group, serial on the calling thread: 2 ms of a 32 ms 2B4T decode step.
+/// The portable loop, serial on the calling thread, had been a visible share of a 2B4T decode
+/// step (docs/perf-notes.md).
 pub(crate) fn build_lut_tables(_t: Avx2, x: &[i8], dst: &mut [u8]) {
     // SAFETY: the token proves AVX2; `build_lut_pairs` reads x only below `x.len()` and writes
     // dst only below `pairs · 64`, both checked here.

@@ -11,8 +11,8 @@ use crate::simd::x86_avx512::*;
 /// 256 bits, 2P + 1 in the high), the 16 pattern sums per group in i16 lanes from `vpmaddubsw`
 /// against constant trit pairs (as the `lut` builder's [`super::x86_avx2::LutGroupSums`]),
 /// split into l and h bytes by `vpmovwb`, and each group's `[l | !l | h | !h]` put together by
-/// one `vpermt2q`. One token's tables of 1536 columns took 1.23 µs one group per step in
-/// 256-bit registers, 1.15–1.19 µs so (`lut`: 0.84): writing twice `lut`'s bytes is most of it.
+/// one `vpermt2q`. Two groups a step gain little over one in 256-bit registers, and the build
+/// stays slower than `lut`'s: writing twice `lut`'s bytes is most of it (docs/perf-notes.md).
 pub(crate) fn build_perm_tables(_t: Avx512, x: &[i8], dst: &mut [u8]) {
     // SAFETY: the token proves AVX-512 F/BW (so AVX2); reads of x stay below `x.len()` (pairs
     // whose eight bytes do not fit are left to the portable tail) and writes below dst's

@@ -38,7 +38,7 @@ pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, ou
 }
 
 /// The portable scores: each key row converted to f32 as a whole (f16 with the slice
-/// conversion, vectorized where the CPU has F16C; one value at a time, this loop had run 30×
+/// conversion, vectorized where the CPU has F16C; one value at a time, this loop had run far
 /// slower than the AVX-512 kernel), then `attention_dot`.
 fn attention_scores_portable<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32]) {
     let hd = q.len();
@@ -171,10 +171,9 @@ fn attention_weighted_sum_portable<K: KeyElem>(w: &[f32], values: &[K], o: &mut 
 /// position by position; one call per head, compiled for the widest ISA the CPU has: rows are
 /// decoded a chunk at a time into `buf` ([`ENCODED_CHUNK_VALUES`] long), then go through the f32
 /// kernel. Decoded one vector per call through the dispatching `decode` at baseline x86-64, with
-/// nothing prefetched, quantized caches had decoded 2–6× slower than f16 (large preset, 1 thread,
-/// context 1024, int4 against f16: Zen 5 14 vs 80 tok/s, now 55; Zen 3 with AVX2 8.3 vs 38, now
-/// 24.6). `ahead` (encoded rows read next; may be empty) is asked for in L2 a vector's share per
-/// position.
+/// nothing prefetched, quantized caches had decoded several times slower than f16 (Zen 3 and
+/// Zen 5: docs/perf-notes.md). `ahead` (encoded rows read next; may be empty) is asked for in
+/// L2 a vector's share per position.
 pub(crate) fn attention_scores_encoded(
     precision: KvPrecision,
     q: &[f32],

@@ -222,7 +222,7 @@ impl KvPrecision {
 }
 
 /// The little-endian f16 at the start of `b`, as f32. (`half` converts with F16C where the CPU
-/// has it; an inlined bit-field conversion measured slower here: int2 KV decoding 40 → 33 tok/s.)
+/// has it; an inlined bit-field conversion measured slower here: docs/perf-notes.md.)
 #[inline(always)]
 fn f16_at(b: &[u8]) -> f32 {
     f16::from_le_bytes([b[0], b[1]]).to_f32()

@@ -226,7 +226,7 @@ unsafe fn reduce_fixed(v: __m512) -> f32 {
 /// Positions ahead whose cached rows attention prefetches (the first ones all at once, at the
 /// start). The KV cache is cold at every decode step (the weights streamed since evicted it),
 /// and one head's rows are only a few KiB, too short for the hardware prefetcher to ramp up:
-/// without this, large-preset decode read keys and values at 6–7 GB/s.
+/// without this, large-preset decode read keys and values at a fraction of the bandwidth.
 const KV_PREFETCH_ROWS: usize = 32;
 
 /// Prefetches rows `from..to` (clipped to the `rows` there are) of a cache block at `base`.
@@ -284,7 +284,7 @@ impl<K: Lanes> KvRowReader for PlainRows<K> {
 /// code through the f16 its bits make (see `e4m3_over_256`), S.1111.111 as the decode's NaN.
 /// Decoded here as they
 /// are read instead of into a buffer first, which had left int8 attention compute-bound at half
-/// f16's speed on half its bytes (large, 2000 positions: 34 µs a head's scores against 18).
+/// f16's speed on half its bytes (docs/perf-notes.md).
 #[derive(Clone, Copy)]
 struct ByteRows<const FP8: bool> {
     p: *const u8,
@@ -511,7 +511,7 @@ unsafe fn score_one<R: KvRowReader>(q: *const f32, keys: R, row: R::Row, hd: usi
 /// each bit-identical to [`reduce_fixed`] of that key's 16-lane accumulator: the accumulators
 /// are built the same way, and the reduction tree below adds the same pairs (lanes l + l+8,
 /// then l + l+4, l + l+2, l + l+1) for 16 keys at once with shuffles, instead of one key at a
-/// time down a chain of dependent extracts (7.9 ns per key in L1 for 96 dims).
+/// time down a chain of dependent extracts, which bound the scores' speed.
 #[inline(always)]
 unsafe fn scores16<R: KvRowReader>(q: &[f32], keys: R, p0: usize) -> __m512 {
     let hd = q.len();
@@ -566,8 +566,8 @@ unsafe fn reduce_tree16(acc: [__m512; 16]) -> __m512 {
 /// The weighted sum in blocks of up to 128 dims (8 accumulators), each block one pass over the
 /// positions: each lane still adds its products in position order, so the result is the same
 /// as a pass per 16 lanes, but rows are read in order and 8 independent chains of adds replace
-/// one dependent chain per 16 lanes (which left the sum latency-bound: 1.1 µs for 160
-/// positions × 96 dims in L1). The first block brings in whole rows and shares of `ahead`.
+/// one dependent chain per 16 lanes (which left the sum latency-bound). The first block brings
+/// in whole rows and shares of `ahead`.
 #[inline(always)]
 unsafe fn axpy_impl<R: KvRowReader, A>(w: &[f32], values: R, o: &mut [f32], ahead: &[A]) {
     let hd = o.len();

@@ -117,10 +117,10 @@ impl Q6kRows {
     }
 
     /// The weights in 16-row groups ([`Q6kRowGroups`]), made on the first call (on every core;
-    /// 2B4T: 0.34 s on 2 cores, and the head's size again in memory): what the AVX-512 kernel
-    /// reads for two or more tokens, 1.4–1.5× the file layout's kernel at 8 tokens. One token
-    /// keeps the file's layout, which its AVX2 kernel streams faster on Zen 4 (26–27 against
-    /// 22 GB/s, one thread, 270 MB). A model builds them when a batched state needs them.
+    /// it costs time once and the head's size again in memory): what the AVX-512 kernel reads
+    /// for two or more tokens, faster than the file layout's kernel at 8 tokens. One token
+    /// keeps the file's layout, which its AVX2 kernel streams faster on Zen 4
+    /// (docs/perf-notes.md). A model builds them when a batched state needs them.
     pub fn prepare_groups(&self) -> &Q6kRowGroups {
         self.groups.get_or_init(|| Q6kRowGroups::from_rows(self))
     }

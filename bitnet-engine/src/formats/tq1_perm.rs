@@ -14,8 +14,8 @@
 //! shuffle, a sign operation and an add per 32 bytes, and a span's pattern indices must be cut
 //! out of nibbles. Here a lookup is a `vpermb` and an add, five of a span's eight codes are
 //! used as stored and three are put together from the spare bits in three or four operations.
-//! In a C model of both inner loops on Zen 4 (one thread, in cache) this ran 1.29× the lookups
-//! per second of the `vpshufb` loop.
+//! A C model of both inner loops on Zen 4 predicted more lookups per second than the `vpshufb`
+//! loop, and the kernel confirmed it (docs/perf-notes.md).
 //!
 //! ## Layout
 //! Rows in tiles of [`PERM_TILE_ROWS`] (the last tile padded with zero rows); a row's K columns

@@ -200,10 +200,8 @@ impl Tq2Matrix {
     /// all but two blocks of 32, one of a block's two 32-byte loads straddles two lines), and
     /// the stream is 3% longer.
     /// Rows of one scale ([`Self::row_has_uniform_scale`]) need nothing else; the AVX2 kernel
-    /// reads these instead of the blocks. Zen 3, decode of the TQ2_0 GGUFs, old and new
-    /// binaries alternating: 2B4T on 2 threads +4%, large on 1 thread +5% (median tok/s);
-    /// one-token kernels on the large shapes 5–12% behind I2_S's in the same run before, 4–9%
-    /// after (on 2B4T's, level). `None` when no row has one scale: nothing would read it.
+    /// reads these instead of the blocks (measured faster in TQ2_0 decode on Zen 3:
+    /// docs/perf-notes.md). `None` when no row has one scale: nothing would read it.
     pub fn codes(&self) -> Option<&[u8]> {
         let made = self.codes.0.get_or_init(|| {
             (self.uniform_count > 0).then(|| {

@@ -128,17 +128,14 @@ impl KernelFamily {
     /// stack buffer and reads it straight back — the loads then wait on store forwarding from
     /// narrower stores — so the split form (a whole tile decoded before the dot stage) is
     /// faster. The AVX2 and AVX-512 `tq1` kernels extract digits in registers and have no such
-    /// buffer (AVX2, in cache: fused 1.5-2.3× split for 1, 2 and 8 tokens). On AVX2 `tq1`
-    /// looks sums up instead (`lut`: 1.86× fused for one token on Zen 3, 2B4T shapes in cache,
-    /// and no slower for batches). At AVX-512 it depends on the core
-    /// ([`cpu::avx512_on_256_bit_units`](crate::cpu::avx512_on_256_bit_units)): Zen 4 runs a zmm
-    /// `vpdpbusd` as two 256-bit halves, and there the lookup forms beat the fused `vpdpbusd`
-    /// kernel (`bitnet-bench kernels`, 2B4T shapes, one thread, in cache: one token, GB/s, fused
-    /// 17.3–20.5, `lut` 23.0–25.1, `perm` 32–35; eight tokens on 2560-wide rows, Mrow·tok/s,
-    /// fused 45–46, `lut` 51–54, `perm` 69–70), so `perm` where the CPU has VBMI and GFNI (every
-    /// Zen 4), else `lut`. Cores with full-width AVX-512 (Zen 5, where the fused kernel read
-    /// 80–95% of the bandwidth) keep the fused form, which the lookup forms have not been
-    /// measured against there.
+    /// buffer, so fused beats split there. On AVX2 `tq1` looks sums up instead (`lut`: faster
+    /// than fused for one token on Zen 3, and no slower for batches). At AVX-512 it depends on
+    /// the core ([`cpu::avx512_on_256_bit_units`](crate::cpu::avx512_on_256_bit_units)): Zen 4
+    /// runs a zmm `vpdpbusd` as two 256-bit halves, and there the lookup forms beat the fused
+    /// `vpdpbusd` kernel for one token and for eight (`perm` ahead of `lut`), so `perm` where
+    /// the CPU has VBMI and GFNI (every Zen 4), else `lut`. Cores with full-width AVX-512
+    /// (Zen 5, where the fused kernel reads most of the bandwidth) keep the fused form, which
+    /// the lookup forms have not been measured against there. Figures: docs/perf-notes.md.
     pub fn default_form(self, isa: IsaLevel) -> KernelForm {
         match (self, isa) {
             (KernelFamily::Tq1, IsaLevel::Scalar) => KernelForm::Split,
@@ -315,13 +312,9 @@ impl Kernel {
     /// The kernel that runs a batch of `batch` tokens: itself, except the `lut` form above
     /// [`LUT_MAX_BATCH`] tokens, which runs the same family's fused form. A lookup table is per
     /// token and its build and reads cost per token; the fused kernel decodes each row's digits
-    /// once for the whole batch. Zen 3, `bitnet-bench kernels`, TQ1 2B4T shapes, µs per call of
-    /// q/o, k/v, gate/up, down (lut / fused), before the lut's batched epilogue was in vectors:
-    /// B=8 661/710, 165/186, 1957/3100 (noisy), 2217/1959; B=16 1335/1186, 366/304, 5259/5295,
-    /// 4443/3245; B=128 fused 1.4–2.2× ahead. Since the
-    /// lut's batched epilogue is in vectors (Mrow·tok/s, lut / fused): B=8 q/o 43.8/30.9, down
-    /// 15.3/11.9; B=12–16 q/o 39.6–42.6/35.1–37.9 but down 11.4–14.8/13.6–14.6 (noisy), so the
-    /// limit stays at 8.
+    /// once for the whole batch. On Zen 3 `lut` led at 8 tokens, was level or behind from 12 to
+    /// 16 depending on the shape, and the fused kernel led at 128, so the limit is 8 (measured
+    /// before and after the lut's batched epilogue went into vectors: docs/perf-notes.md).
     pub fn for_batch(self, batch: usize) -> Kernel {
         if self.uses_lut() && batch > LUT_MAX_BATCH {
             Kernel { form: KernelForm::Fused, ..self }
@@ -789,9 +782,7 @@ pub(crate) fn tile_pointers<const R: usize, const G: usize>(
 /// pass and four code vectors per row, the kernel before this one), and a 6912-wide token
 /// group of 8 is 55 KiB of activations, more than Zen 5's 48 KiB L1d, so every activation
 /// load went to L2. Four tokens' activations stay in L1 and the block's rows are read from
-/// memory once. Standalone copies of the tiles, 256 MiB of I2 rows per pass from DRAM, one Zen 5
-/// core, 8 tokens (vpdpbusd peak 505 GMAC/s): 6912×2560 292 -> 431 GMAC/s, 2560×6912 227 ->
-/// 436, 4096×1536 333 -> 392, 1536×4096 220 -> 443.
+/// memory once (measured faster on every 2B4T shape on Zen 5: docs/perf-notes.md).
 #[inline(always)]
 pub(crate) fn batched_tiles<const TILE_ROWS: usize, const TILE_TOKENS: usize>(
     rows: Range<usize>,

@@ -121,8 +121,8 @@ impl KernelScratch {
     /// The `lut` (`form` = Lut) or `perm` (Perm) tables of every token of `x`, built here
     /// unless this scratch already holds them for these very values (`x.stamp()`): each
     /// thread builds its own, once per quantized activation, in its own cache. Built by the
-    /// caller into the activations and read by every thread, they had taken 2.3× as long to
-    /// write with two Zen 4 threads as with one (every line the other core had read must first
+    /// caller into the activations and read by every thread, they had taken far longer to
+    /// write with two Zen 4 threads than with one (every line the other core had read must first
     /// be taken back from it) while the other thread waited. Grows the storage if
     /// `for_kernels` made no room for this batch.
     pub(crate) fn tables_of(&mut self, form: KernelForm, x: &ActivationBatch) -> TokenTables<'_> {

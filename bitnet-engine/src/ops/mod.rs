@@ -64,23 +64,23 @@ impl fmt::Display for FfnActivation {
 
 /// The gated FFN activation (`ops::gated_activation_portable`) compiled for the widest ISA the
 /// CPU has (AVX-512, else AVX2): the same Rust code, so the same IEEE operations in the same
-/// order, 16 or 8 lanes wide instead of the baseline's 4. SiLU took 2.3 ns per element at
-/// baseline x86-64.
+/// order, 16 or 8 lanes wide instead of the baseline's 4 (SiLU is slow at baseline x86-64:
+/// docs/perf-notes.md).
 pub(crate) fn gated_activation(act: crate::ops::FfnActivation, gate: &mut [f32], up: &[f32]) {
     widest_compiled!(gated_activation, crate::ops::portable::gated_activation_portable, act, gate, up)
 }
 
 /// Softmax of attention scores in place (`ops::softmax_in_place_portable`) compiled for the
-/// widest ISA the CPU has, as [`gated_activation`]: the same floats. At baseline x86-64 it took
-/// about 1.9 ns per score (2B4T, 1024-token context: 3% of a one-thread decode step).
+/// widest ISA the CPU has, as [`gated_activation`]: the same floats (at baseline x86-64 it was
+/// a few percent of a long-context decode step: docs/perf-notes.md).
 pub(crate) fn softmax_in_place(scores: &mut [f32]) {
     widest_compiled!(softmax_in_place, crate::ops::portable::softmax_in_place_portable, scores)
 }
 
 /// The greedy token (`ops::argmax_portable`) compiled for the widest ISA the CPU has, as
 /// [`softmax_in_place`]: the same index. The plain loop it replaces, which compares with the
-/// running best by index, took about 0.57 ns per logit (2B4T's 128256: 73 µs a token, 1% of a
-/// two-thread batch-8 step).
+/// running best by index, cost about a percent of a batched decode step over a 128256-token
+/// vocabulary (docs/perf-notes.md).
 pub(crate) fn argmax(logits: &[f32]) -> u32 {
     widest_compiled!(argmax, crate::ops::portable::argmax_portable, logits)
 }
@@ -109,8 +109,8 @@ pub(crate) fn transpose_8_cols_to_rows(src: &[f32], c_n: usize, c0: usize, dsts:
 }
 
 /// RMSNorm of each row (`ops::rms_norm_rows_portable`) compiled for the widest ISA the CPU
-/// has, bit-identical for the same reason as [`gated_activation`]. At baseline x86-64 a norm
-/// took about 1 ns per element, on the caller thread while the others wait.
+/// has, bit-identical for the same reason as [`gated_activation`]. A norm runs on the caller
+/// thread while the others wait, so its speed counts (docs/perf-notes.md).
 pub(crate) fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     widest_compiled!(rms_norm_rows, crate::ops::portable::rms_norm_rows_portable, x, weight, eps, out)
 }

@@ -46,8 +46,7 @@ pub(crate) fn dot16(a: &[f32], b: &[f32]) -> f32 {
 /// Attention's dot product: [`dot16`]'s lanes and reduction tree, each product added to its
 /// lane in one fused multiply-add (one rounding, not two). The SIMD attention kernels then use
 /// one `vfmadd` where they had a multiply and an add, the two ops that bound the score and
-/// weighted-sum loops of long prompts (large, f16 KV, a 2000-token prompt, 2 threads, three
-/// alternating traces: qk 2.76–2.98 -> 2.30–2.57 thread-seconds, av 2.41–2.68 -> 1.89–2.20).
+/// weighted-sum loops of long prompts (both measured faster: docs/perf-notes.md).
 /// Correctly rounded everywhere, so still the same on every ISA level (at baseline x86-64,
 /// without FMA, `mul_add` is libm's `fmaf`: slow, but only the portable fallback of CPUs
 /// without AVX2 runs it there).

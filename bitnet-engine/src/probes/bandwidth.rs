@@ -68,9 +68,9 @@ impl ProbeBuffer {
     /// Reads the whole buffer once with the threads of `pool` (a contiguous share each) and
     /// returns (checksum, GB/s), timed from the first thread's start to the last one's end.
     /// Between decode steps this is the probe to use: the decode's own threads, awake and on
-    /// their cores. Threads spawned for each probe between the steps of a large-preset decode
-    /// read 27 and 57 GB/s in alternation while the steps between them ran at a steady speed;
-    /// the pool's threads read 48-59 GB/s in the same setting.
+    /// their cores. Threads spawned for each probe between the steps of a decode read very
+    /// different figures in alternation while the steps between them ran at a steady speed; the
+    /// pool's threads did not (docs/perf-notes.md).
     pub fn read_gbps_on(&self, pool: &crate::pool::WorkerPool) -> (u64, f64) {
         let per = (self.words.len() / 8).div_ceil(pool.threads()) * 8;
         let (sums, secs) = pool.timed_on_each(|i| {

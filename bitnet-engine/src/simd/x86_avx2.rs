@@ -49,18 +49,16 @@ pub(crate) unsafe fn split4(v: __m256i) -> [__m256i; 4] {
 
 /// Software prefetch distances of the weight-streaming kernels (here and in the AVX-512
 /// module). Batch-1 decode streams weights from DRAM and the out-of-order window alone keeps
-/// too few misses in flight. Measured on Zen 4 (2-vCPU VM), AVX-512 I2 over a 512 MiB set,
-/// as a fraction of the bandwidth probe in the same run: no prefetch 50–60%; L2 at 32 KiB
-/// 75–86%; L2 at 32 KiB plus L1 at 2 KiB 88–90% (L1 alone, or NTA hints, were worse). Rows are
+/// too few misses in flight. Both an L2 and an L1 distance: on Zen 4 the pair read the most of
+/// the bandwidth probe, ahead of L2 alone, while L1 alone, or NTA hints, were worse. Rows are
 /// contiguous, so the prefetches run on into the next rows; a prefetch never faults, even past
 /// the end of the buffer.
 ///
-/// Later, with the 4-row one-token kernels, the L2 distance was swept in the whole model
-/// (distances alternating decode step by step in one process): the large preset with 2 threads
-/// decoded 2–13% faster at 12–16 KiB than at 32 KiB (9 or 10 rounds of 10 each time, four
-/// runs), 64 KiB was 10% slower; 2B4T (I2, TQ2, TQ1; 1 and 2 threads), large with 1 thread and
-/// batch 8 moved by less than ±3% either way. Stopping the prefetches at the end of a thread's
-/// rows did not help, so the gain is the distance, not less overshoot.
+/// The L2 distance, 16 KiB, came from a sweep in the whole model with the 4-row one-token
+/// kernels (distances alternating step by step in one process): shorter than 32 KiB helped the
+/// large preset on 2 threads, longer hurt, and the other cases barely moved. Stopping the
+/// prefetches at the end of a thread's rows did not help, so the gain is the distance, not
+/// less overshoot. Figures: docs/perf-notes.md.
 pub(crate) const PREFETCH_L2_BYTES: usize = 16 * 1024;
 pub(crate) const PREFETCH_L1_BYTES: usize = 2 * 1024;
 
@@ -78,10 +76,9 @@ pub(crate) fn prefetch_l2(p: *const u8, bytes: usize) {
 
 /// Asks for the cache lines of `ahead` (in L2) a share at a time: spread over a loop of
 /// `steps` steps, the next step's rows stream in under this step's arithmetic, where asking for
-/// them all at once stalls on the full miss queue (large decode, one thread: keys and values
-/// read at 14–17 GB/s in the model). Built once per loop: share boundaries are a multiply and a
-/// shift per step, where dividing per step (two 64-bit divisions per key) had cost about as
-/// much as the key's dot product.
+/// them all at once stalls on the full miss queue. Built once per loop: share boundaries are a
+/// multiply and a shift per step, where dividing per step (two 64-bit divisions per key) had
+/// cost about as much as the key's dot product.
 #[derive(Clone, Copy)]
 pub(crate) struct PrefetchShares {
     start: usize,

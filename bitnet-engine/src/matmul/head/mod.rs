@@ -249,12 +249,9 @@ pub(crate) trait Int8Tile {
 /// target-feature function.
 ///
 /// One token: one row at a time, the rows (stored back to back) asked for in L2 as one ascending
-/// stream 16 KiB ahead. Memory is the limit there, not compute. In the model on Zen 5 (one
-/// thread, decode, three variants alternating), the LM head read: large (32002×1536) 28.7–32.2
-/// GB/s with no software prefetch (the hardware prefetcher alone), 34.9–35.3 like this, 35.8–35.9
-/// with two rows per pass in one stream; 2B4T (128256×2560) 33.2–33.3, 33.9–34.0 and 31.9–32.0.
-/// (On Zen 4 no software prefetch had measured best: 22.4 → 25.6 GB/s against two rows with
-/// per-row prefetches.)
+/// stream 16 KiB ahead. Memory is the limit there, not compute. On Zen 5 this beat the hardware
+/// prefetcher alone on both presets, and two rows per pass won on large but lost on 2B4T; on
+/// Zen 4, before, no software prefetch had beaten per-row prefetches (docs/perf-notes.md).
 /// More tokens: two rows per pass share every activation load, up to four tokens per tile.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -12,7 +12,8 @@ use crate::simd::x86_avx2::*;
 /// (|w| ≤ 127: `Int8Rows` never stores code 0). `vpmaddubsw(|x|, sign(w, x))` then multiplies
 /// exactly: |x| ≤ 128 as an unsigned byte, |sign(w, x)| ≤ 127, so a pair sums to at most
 /// 2 · 128 · 127 = 32512 < 2¹⁵ (the textbook `|w|, sign(x, w)` order would wrap at x = −128).
-/// Below AVX2 the LM head fell to the portable loop: 5 GB/s, two thirds of an AVX2 decode step.
+/// Without this AVX2 path the LM head fell to the portable loop below AVX-512, and took most
+/// of a decode step.
 pub(crate) fn int8_rows(
     _t: Avx2,
     m: &crate::formats::Int8Rows,
@@ -132,9 +133,8 @@ unsafe fn q6k_rows_impl(m: &crate::formats::Q6kRows, x: &ActivationBatch, rows: 
         let o = &mut out[i * batch..(i + 1) * batch];
         let mut b0 = 0;
         // Eight tokens per pass where there are eight: each chunk's codes are decoded once for
-        // twice the multiplies. 2B4T batch 8 (`bitnet-trace --batch 8`, 2 threads, alternating
-        // binaries): the head 433–434 → 380–383 ms, a quarter of the step before. The first
-        // eight tokens, which stream the row in, take the assembly tile (`q6k_octet`).
+        // twice the multiplies (the head measured faster in 2B4T batch 8: docs/perf-notes.md).
+        // The first eight tokens, which stream the row in, take the assembly tile (`q6k_octet`).
         while b0 < batch {
             let g = match batch - b0 {
                 1 => {
@@ -307,12 +307,9 @@ const Q6K_PAIR_BLOCKS: usize = 16;
 /// f64 chain.
 ///
 /// Why assembly: with intrinsics (the same operations, reduction after the loop or not), LLVM
-/// spilled and reloaded constants and ran about 66 cycles per block pair; a C mock-up of the
-/// block alone ran 52 with the reduction in the loop and 39 without. Zen 3, one thread,
-/// `cargo bench --bench head` (2B4T's 2560-wide rows), old and new alternating: 128 rows in L2
-/// 19.5–20.5 → 23.3–23.8 GB/s; streamed rows (twice the L3), where DRAM limits one core,
-/// 16.3–17.5 → 17.5–18.0. In 2B4T TQ1_0 decode on one thread (3 rounds, alternating) 21.97
-/// → 22.24–22.42 tok/s.
+/// spilled and reloaded constants, well above what a C mock-up of the block alone took with the
+/// reduction after the loop. Measured faster on Zen 3 in L2, streamed and in decode
+/// (docs/perf-notes.md).
 #[inline]
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn q6k_pair(
@@ -500,11 +497,9 @@ macro_rules! q6k_half_octet {
 /// −32 offsets, reductions and scaling follow the loop, up to [`Q6K_PAIR_BLOCKS`] blocks at a
 /// time. The eight tokens are read through three base pointers (tokens 0, 3 and 6) and the
 /// token stride, as x86 addressing scales an index by 1, 2, 4 or 8 only. With intrinsics
-/// ([`q6k_tile`] with G = 8) the block ran about 115 cycles; here about 103, near what its
-/// 300-odd vector ops (with the work after the loop) allow at the three or so per cycle Zen 3
-/// sustains on such mixes. Zen 3, one thread,
-/// `cargo bench --bench head` B = 8 in L2, alternating: 5.63–5.80 → 6.23–6.51 GB/s; 2B4T TQ2_0
-/// batch-8 decode on 2 threads (3 rounds): 80.7–81.6 → 81.8–83.3 tok/s.
+/// ([`q6k_tile`] with G = 8) the block took more cycles; here it runs near what its 300-odd
+/// vector ops (with the work after the loop) allow at the three or so per cycle Zen 3 sustains
+/// on such mixes (figures: docs/perf-notes.md).
 #[inline]
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]
 unsafe fn q6k_octet(

@@ -92,10 +92,8 @@ unsafe fn int8_tile<const R: usize, const G: usize, const A: usize, const STREAM
 }
 
 /// How far ahead [`q6k_groups`] streams a group into L2: twice the other kernels'
-/// `PREFETCH_L2_BYTES`. Zen 4, one thread, 8 tokens, 32768 × 2560 streamed, with an earlier
-/// prefetch loop (lines spread evenly over the group's sub-blocks): 4.86 / 4.66 / 4.62 / 4.75
-/// ms at 8 / 32 / 64 / 128 KiB (the file layout's kernel: 6.80–7.14); this one, a line per
-/// line read, 4.57 ms at 32 KiB.
+/// `PREFETCH_L2_BYTES`, chosen from a sweep of 8 to 128 KiB on Zen 4 with 8 tokens streamed
+/// (docs/perf-notes.md).
 const Q6K_GROUP_PREFETCH_BYTES: usize = 32 * 1024;
 
 /// Q6_K LM head in 16-row groups ([`crate::formats::Q6kRowGroups`]) × any number of tokens,

@@ -12,11 +12,10 @@ const _: () = assert!(I2_BLOCK_BYTES == crate::formats::tq2::CODE_BYTES);
 pub(super) const GROUP: usize = 4;
 
 /// Rows of a batched I2/TQ2 tile: two rows × [`GROUP`] tokens ([`code_tile_2x4`]), one row
-/// for the groups of fewer tokens and a block's last odd row ([`code_tile`]). Measured with
-/// intrinsics before the assembly tile (Zen 3, `bitnet-bench kernels --batch 8`, Mrow·tok/s,
-/// 2560-wide rows / the 6912-wide down projection): 1 × 4 45.7 / 18.2; 2 × 4 39–42 / 16.1–16.6
-/// (LLVM spilled accumulators with AVX2's 16 registers); 1 × 8 44.8 / 12.5 (eight tokens of
-/// 6912-wide activations, 55 KiB, overflow the 32 KiB L1d).
+/// for the groups of fewer tokens and a block's last odd row ([`code_tile`]). With intrinsics,
+/// before the assembly tile, 2 × 4 lost to 1 × 4 (LLVM spilled accumulators with AVX2's 16
+/// registers), and 1 × 8 lost on long rows (eight tokens of 6912-wide activations, 55 KiB,
+/// overflow the 32 KiB L1d); Zen 3 figures: docs/perf-notes.md.
 pub(super) const TILE_ROWS: usize = 2;
 
 /// Blocks of 256 codes summed in i16 lanes before they are widened to i32 (one `vpmaddwd` per
@@ -340,22 +339,17 @@ macro_rules! chunk_2x4 {
 /// in another order, so exactly equal. In assembly because the tile needs 15 of AVX2's 16
 /// vector registers (eight i16 accumulators, two code chunks, the mask, two fields, two
 /// products): written with intrinsics, LLVM also kept the i32 sums in registers and spilled
-/// accumulators in the inner loop (39–42 Mrow·tok/s against 45.7 for one row). Here the i32
-/// sums live in memory, added to once per [`I16_BLOCKS`] blocks.
+/// accumulators in the inner loop, slower than the one-row tile. Here the i32 sums live in
+/// memory, added to once per [`I16_BLOCKS`] blocks.
 ///
 /// What two rows change: each code load and each field's split (two ops per row) still feed
 /// four multiplies per row, and the activations are still memory operands of the multiplies,
 /// read from L1 once per row (so per multiply the loads and splits are as many as one row's).
 /// What the wider tile saves is the rest of the loop: one set of pointer and counter updates
 /// for twice the work, no spills, and the i32 sums out of the registers. Zen 3 runs about 1.6
-/// `vpmaddubsw` + `vpaddw` pairs and two vector loads per cycle. A C
-/// mock-up of this loop alone reached 45 multiply-adds per cycle. In the
-/// kernel (`bitnet-bench kernels --isa avx2 --form fused --batch 8 128`, one thread, old and
-/// new binaries alternating), Mrow·tok/s: 2560-wide rows 45.5 → 47.7, the 6912-wide down
-/// projection 18.1 → 19.4. A profile then put 83% of the time in this loop and 11% in the
-/// tiles' outputs, one dependent scalar chain per output; computing a row's four outputs as
-/// one vector ([`store4_f32`]) took 2560-wide rows to 50.3 (TQ2) and 51.4 (I2), down to 19.7
-/// and 20.0.
+/// `vpmaddubsw` + `vpaddw` pairs and two vector loads per cycle. Measured faster than the
+/// intrinsics on Zen 3, and faster again once a row's four outputs became one vector
+/// ([`store4_f32`]) instead of one dependent scalar chain per output: docs/perf-notes.md.
 ///
 /// With `prefetch` (the first token group, which streams the rows from memory), both rows are
 /// asked for as one ascending stream, as [`code_tile`] does.
@@ -534,9 +528,8 @@ pub(super) const REPACKED_BLOCK_ROWS: usize = 256;
 
 /// Activation bytes of one token group's column chunk in [`repacked_rows`]: half of a 32 KiB
 /// L1d, so the group's activations stay in L1 across a block's rows beside the codes streaming
-/// from L2. Whole rows of a 6912-wide down projection (27 KiB for four tokens) did not: Zen 3,
-/// `bitnet-bench kernels --batch 8`, TQ1 down 2560x6912, 7.6 Mrow·tok/s against 29.8 for the
-/// 2560-wide rows.
+/// from L2. Whole rows of a 6912-wide down projection (27 KiB for four tokens) did not, and
+/// ran at a fraction of the 2560-wide rows' speed (Zen 3: docs/perf-notes.md).
 pub(super) const REPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
 
 /// Rows `rows` × every token of a batch, for weights whose rows decode to one code per weight
@@ -550,10 +543,9 @@ pub(super) const REPACKED_CHUNK_X_BYTES: usize = 16 * 1024;
 ///
 /// Why: TQ1_0's base-3 digits cost about ten vector ops per 32 weights to decode; the
 /// in-register kernel (`tq1_digit_tile`) pays that again for every group of four tokens, this
-/// one once per row. The codes were first kept one per byte, for a one-row tile (Zen 3,
-/// `bitnet-bench kernels`, TQ1, Mrow·tok/s on 2560-wide rows: B=8 25 → 28–30, B=128 23 → 42 against
-/// the in-register kernel); repacked to 2 bits, a block is a quarter of the bytes and runs the
-/// tile that I2_S and TQ2_0 batches run.
+/// one once per row (measured faster at 8 and 128 tokens on Zen 3: docs/perf-notes.md). The
+/// codes were first kept one per byte, for a one-row tile; repacked to 2 bits, a block is a
+/// quarter of the bytes and runs the tile that I2_S and TQ2_0 batches run.
 ///
 /// While a block computes, the next block's packed rows (`packed(range)`: their first byte and
 /// length) are asked for in L2 a share per tile, so the decode pass finds them in cache.

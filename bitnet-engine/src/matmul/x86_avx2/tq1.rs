@@ -160,7 +160,7 @@ times3_asm!(
 ///
 /// The loop runs digit by digit across all 2R code vectors, so that 2R independent chains of
 /// `times3` are in flight at every step: the digit-major order within each vector left Zen 3
-/// at under 3 of its 4 vector ops per cycle (B=1: 13.9 → 15.5 Mrow·tok/s on q/o, B=8: 23 → 27).
+/// at under 3 of its 4 vector ops per cycle (figures: docs/perf-notes.md).
 #[inline(always)]
 pub(super) unsafe fn tq1_digit_chunk<const R: usize, const G: usize>(
     p: [*const u8; R],

@@ -281,10 +281,8 @@ pub(super) unsafe fn masked_rows_sums<const R: usize, const TQ2: bool>(
         // The R rows lie back to back: prefetch them as one ascending stream, R lines per block
         // for I2 (R blocks of 64 bytes), R + 1 for TQ2_0 (66 bytes), so that over the row's
         // blocks the stream covers the tile. Wrapping: near the matrix's end these addresses
-        // pass it (a prefetch never faults). For I2 this replaced one prefetch per row's block:
-        // streaming 512 MiB from DRAM on one Zen 5 core (probe 40.5 GB/s), 6912x2560 rows read
-        // 27.5 -> 32.8 GB/s, 1536x4096 25.8 -> 33.1, 1536x1536 29.3 -> 31.7 (on Zen 4 the two
-        // had measured equal).
+        // pass it (a prefetch never faults). For I2 this replaced one prefetch per row's block,
+        // and streams faster on Zen 5 (level on Zen 4): docs/perf-notes.md.
         for i in 0..R + TQ2 as usize {
             prefetch_stream(src[0].wrapping_add(R * off + 64 * i));
         }

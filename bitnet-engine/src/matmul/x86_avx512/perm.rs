@@ -22,8 +22,8 @@ pub(super) unsafe fn tq1_perm(
     let r0 = |t: usize| t * PERM_TILE_ROWS;
     // Prefetch distance: the same place in the tiles of the next pass. A fixed distance (the
     // `lut` kernel's PREFETCH_L2_BYTES) falls, for two 32-row tiles of 2560-wide rows (17 KB
-    // each), into the second tile of the same pass: streamed, that ran at 13.4 GB/s against
-    // 22 for `lut`.
+    // each), into the second tile of the same pass, and streamed far slower than `lut`
+    // (docs/perf-notes.md).
     let tile_bytes = w.tile(first).len();
     let mut t = first;
     while t < end {

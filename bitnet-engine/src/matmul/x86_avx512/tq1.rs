@@ -52,7 +52,7 @@ times3_asm!(
     /// `y × 3 mod 256` per byte: moves every code byte to its next base-3 digit. Two byte adds
     /// in inline assembly ([`times3_asm`]): as intrinsics each step became `vpmullw` +
     /// `vpmaddubsw` + shift + blend, two multiplies that compete with `vpdpbusd` for the same
-    /// ports (TQ1_0 in cache: 9 GB/s).
+    /// ports.
     times3: __m512i, zmm_reg, "avx512f,avx512bw", "vpaddb {t:z}, {y:z}, {y:z}", "vpaddb {o:z}, {t:z}, {y:z}"
 );
 
@@ -118,8 +118,7 @@ pub(super) unsafe fn tq1_fused(
     if batch > 1 && TQ1_ROW_GROUP * stride <= TQ1_ROW_GROUP_BYTES {
         // Short rows: one row × up to 8 tokens per pass, whose activations stay in L1. Its
         // digit codes serve 8 tokens, against 4 in a tile, and decoding, not loading, limits
-        // TQ1_0: bitnet-bench kernels, B = 8, 2560-wide rows, 103 Mrow·tok/s against 90 for
-        // the tiles.
+        // TQ1_0: faster than the tiles on 2560-wide rows (docs/perf-notes.md).
         let mut r = rows.start;
         while r < rows.end {
             let o = &mut out[(r - rows.start) * batch..];
@@ -163,8 +162,8 @@ pub(super) unsafe fn tq1_fused(
         return;
     }
     // One token: four rows per pass where they are uniform: the rows lie back to back (one
-    // 2 KiB stretch for 2B4T), and each activation load and row epilogue serves four rows.
-    // 2B4T TQ1 decode, one thread, alternating builds: linears 12.5-13.5 -> 14.1 GB/s.
+    // 2 KiB stretch for 2B4T), and each activation load and row epilogue serves four rows
+    // (measured faster in 2B4T decode: docs/perf-notes.md).
     let mut r = rows.start;
     while r < rows.end {
         let o = &mut out[r - rows.start..];
@@ -189,9 +188,8 @@ pub(super) unsafe fn tq1_fused(
 }
 
 /// Batches of at least this many tokens take [`tq1_repacked`]: from three token groups on.
-/// Below, the in-register tiles decode each row once or twice, about what the repack costs;
-/// on Zen 4 (`bitnet-bench kernels`, 2B4T shapes, one thread, Mrow·tok/s on 2560-wide rows)
-/// B = 8 in registers ran 45, B = 9 repacked 45 and B = 16 repacked 57.
+/// Below, the in-register tiles decode each row once or twice, about what the repack costs
+/// (on Zen 4, 8 tokens in registers and 9 repacked ran level: docs/perf-notes.md).
 pub(crate) const TQ1_REPACK_MIN_BATCH: usize = 2 * TILE_TOKENS + 1;
 
 /// Most rows of a [`tq1_repacked`] block (its tiles' partial sums live on the stack).
@@ -217,9 +215,8 @@ pub(crate) fn tq1_repack_scratch_bytes(cols: usize) -> usize {
 /// integer sums, scaled the same way.
 ///
 /// Why: the in-register tiles ([`tq1_tile`]) decode every digit again for each group of four
-/// tokens: a 128-token prompt decodes each row 32 times. On Zen 4 (`bitnet-bench kernels
-/// --batch 128`, 2B4T shapes, one thread) they ran 33 Mrow·tok/s on 2560-wide rows, against 84
-/// for I2 and 56 for the AVX2 kernel, which already decoded rows once.
+/// tokens: a 128-token prompt decodes each row 32 times. On Zen 4 they ran well behind I2 and
+/// behind the AVX2 kernel, which already decoded rows once (docs/perf-notes.md).
 ///
 /// While a block computes, the next block's packed rows are asked for in L2 a share per tile,
 /// so the decode pass finds them in cache.
@@ -335,7 +332,7 @@ pub(super) unsafe fn repacked_tile_finish<const R: usize, const G: usize>(
 /// `y_n = 3^n q mod 256` the digit is the carry of `3 y_n`, i.e. `256 · digit_n = 3 y_n − y_{n+1}`
 /// exactly, lane by lane, for every byte value. So Σ digit·x = (3 Σ y_n x_n − Σ y_{n+1} x_n) / 256:
 /// two `vpdpbusd` on the raw bytes per digit and no compares. For one token that beats decoding
-/// (2B4T gate/up in cache: 9.6 vs 6.9 GB/s); from two tokens on, decoding once wins.
+/// (docs/perf-notes.md); from two tokens on, decoding once wins.
 ///
 /// The row is read as one stream of 64-byte chunks across block boundaries, activations in
 /// [`tq1_row_digit_order`]: the block scales inside a chunk meet zero activations and add
@@ -446,7 +443,7 @@ pub(super) unsafe fn reduce_two(a: __m512i, b: __m512i) -> (i32, i32) {
 /// activations of that digit ([`tq1_digit_order`], `stride` bytes a token), loaded once for all
 /// R rows. Tiles, row blocks and the reduction as for I2 ([`batched_tiles`], [`reduce16`]).
 /// For long rows only: 8 tokens of a 6912-wide down projection (8 × 8.6 KiB of activations)
-/// overflowed L1 in [`tq1_decoded`]; bitnet-bench kernels, B = 8: 18 -> 36 Mrow·tok/s.
+/// overflowed L1 in [`tq1_decoded`] (the tiles measured twice as fast there: docs/perf-notes.md).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tq1_tile<const R: usize, const G: usize>(

@@ -6,19 +6,17 @@ use super::*;
 /// From this many rows on (a prompt chunk), attention over an encoded KV cache runs head by
 /// head, so that a thread's items are consecutive rows of one head, and each head's rows are
 /// decoded once per thread for all of them. Row by row, every key and value was decoded once per
-/// query row: large, 128-token prefill, 2 threads, same-session A/B: int4 KV 222–225 → 252–255
-/// tok/s, int8 247–248 → 260–261. A prompt chunk (one sequence, consecutive positions) also
-/// attends in tiles of consecutive rows ([`prompt_tile`]) at every precision, unless row-major
-/// items already share each key among as many query heads.
+/// query row (prefill measured faster this way: docs/perf-notes.md). A prompt chunk (one
+/// sequence, consecutive positions) also attends in tiles of consecutive rows ([`prompt_tile`])
+/// at every precision, unless row-major items already share each key among as many query heads.
 pub(super) const HEAD_MAJOR_ROWS: usize = 4;
 
 /// Most query heads one attention work item reads its KV head's rows for ([`heads_per_item`]).
 pub(super) const GROUP_HEADS_MAX: usize = 4;
 
 /// Query rows of one prompt that attend together in [`prompt_tile`]: the grouped-query
-/// kernels' four heads a pass. Prefill tok/s, 2 threads, context 2000, alternating builds:
-/// large TQ2_0 f16 KV 195–199 → 280–282, int8 181 → 251, fp8 187 → 242; 2B4T TQ2_0 int8
-/// 84–85 → 117–123 (2B4T with f16 keeps its row-major items of four heads).
+/// kernels' four heads a pass (measured faster for long prompts at f16, int8 and fp8:
+/// docs/perf-notes.md; 2B4T with f16 keeps its row-major items of four heads).
 pub(super) const PROMPT_TILE_ROWS: usize = 4;
 
 /// Whether the rows are one sequence at consecutive positions (a prompt chunk).
@@ -178,7 +176,7 @@ pub(super) fn attention(d: Dispatch<'_>, inputs: &AttentionInputs<'_>, out: &mut
     // One prompt's rows: tiles of consecutive rows of one head ([`prompt_tile`]), head-major,
     // unless row-major items already share each key among as many query heads (f32 and f16
     // caches of a model whose KV heads serve 4 query heads each, as 2B4T's: there the tiles
-    // measured 8–12% slower, for their copies and extra scores).
+    // measured slower, for their copies and extra scores).
     let row_major_heads =
         if precision.is_encoded() { 1 } else { heads_per_item(rows * cfg.kv_heads, group, pool.threads()) };
     let tiled = rows >= HEAD_MAJOR_ROWS && row_major_heads < PROMPT_TILE_ROWS && is_one_prompt(seqs, positions);

@@ -344,9 +344,8 @@ pub(super) const PREFETCH_ROWS: usize = 16;
 /// What the caller's serial stages after a projection read and write, asked for in L2 by the
 /// caller when its share of the projection is done, while the other threads finish theirs:
 /// the weights streamed since had evicted them, and the norm and quantize stages, each on the
-/// caller alone while the others wait, met them line by line (large, 2 threads, one token, per
-/// call: norm 1.04 → 0.57 µs, quantize 1.36 → 0.52; a token's norms and quantizations 232 →
-/// 105 µs, of 5–8 ms).
+/// caller alone while the others wait, met them line by line (asking ahead roughly halved
+/// those stages: docs/perf-notes.md).
 pub(super) struct NextInputs<'a> {
     /// The residual stream the add after the projection reads first (row-sized).
     pub(super) residual: Option<&'a [f32]>,
@@ -385,9 +384,8 @@ impl NextInputs<'_> {
 /// Bytes of the next matmul's weights each worker asks for in L2 once its part of a decode
 /// step's dispatch is done ([`Ahead`]): its own first rows, which the bus then streams while
 /// the caller runs the serial stages before that matmul (the norm, quantization, residual),
-/// where no thread had read weights for 4–5% of a step (large, one token, two threads). In
-/// one process, steps of 0 and 128 KiB interleaved, 80 rounds of 24 steps: median step −2.4%,
-/// faster in 53 rounds of 80; 32 and 64 KiB gained less, 256 as much.
+/// where no thread had read weights for a few percent of a step. 128 KiB: smaller amounts
+/// gained less and 256 KiB no more (docs/perf-notes.md).
 pub(super) const AHEAD_BYTES: usize = 128 * 1024;
 
 /// The matmul a pool dispatch is followed by, for [`AHEAD_BYTES`] (nothing for a prompt's
@@ -461,11 +459,10 @@ impl<'a> Upcoming<'a> {
 
 /// Whether the linear layers of a forward call on `rows` tokens write their results straight
 /// into `[rows, n]` ([`ScatterTarget`]), each thread its blocks' columns, rather than into
-/// `[n, rows]` for a transpose afterwards. Decode batches: the serial transposes had taken
-/// 1.5–3% of a batch-8 step while the other threads waited (2B4T TQ2_0, batch 8, 2 threads,
-/// alternating in one process: steps 1.4% faster, in 12 of 16 rounds; the copies take the
-/// same thread time, now shared). A prompt's tokens keep the transpose split by tokens
-/// ([`transpose_result`]); the scatter was not measured there.
+/// `[n, rows]` for a transpose afterwards. Decode batches: the serial transposes had taken a
+/// few percent of a batch-8 step while the other threads waited (the copies take the same
+/// thread time, now shared; measured faster: docs/perf-notes.md). A prompt's tokens keep the
+/// transpose split by tokens ([`transpose_result`]); the scatter was not measured there.
 pub(super) fn scatters(rows: usize) -> bool {
     rows < PARALLEL_TRANSPOSE_ROWS
 }
@@ -495,8 +492,8 @@ pub(super) fn scatter_block(block: &[f32], cols: &mut Columns<'_, '_, f32>) {
 pub(super) const PARALLEL_TRANSPOSE_ROWS: usize = 16;
 
 /// Fewer rows are transposed in parallel too when there are this many floats (1 MiB, an L2):
-/// the LM head's `[vocab, B]` logits of a decode batch (2B4T at B = 8: 1M floats, 0.9 ms a
-/// step on the caller alone, 1.4% of a two-thread step).
+/// the LM head's `[vocab, B]` logits of a decode batch (2B4T at B = 8: 1M floats, which took
+/// the caller alone a visible share of a step: docs/perf-notes.md).
 pub(super) const PARALLEL_TRANSPOSE_FLOATS: usize = 1 << 18;
 
 /// `[n, rows]` → `[rows, n]`: see [`PARALLEL_TRANSPOSE_ROWS`] and [`PARALLEL_TRANSPOSE_FLOATS`].
