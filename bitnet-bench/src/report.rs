@@ -116,8 +116,8 @@ pub struct Roofline {
     /// at avx2); absent for scalar kernels, older and imported reports.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub int8_peak_gmacs: BTreeMap<String, f64>,
-    /// Bytes each pass of the bandwidth probes above reads (`--probe-mib`: 1 GiB by default,
-    /// 64 MiB with `--quick`, which a large last-level cache partly holds, so it reads faster).
+    /// Bytes each pass of the bandwidth probes above reads (1 GiB; 64 MiB with `--quick`,
+    /// which a large last-level cache partly holds, so it reads faster).
     /// Absent in older and imported reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_bytes: Option<u64>,
