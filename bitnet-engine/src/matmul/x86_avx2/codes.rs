@@ -1,6 +1,5 @@
 //! The fused I2_S and TQ2_0 kernels at AVX2: register tiles of rows × tokens over 2-bit codes, and the repacked form for larger batches.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Bytes of a block of 256 2-bit codes the code tiles read: an I2_S block, or a TQ2_0 block's

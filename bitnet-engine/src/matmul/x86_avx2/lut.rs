@@ -1,6 +1,5 @@
 //! The table-lookup TQ1 kernel at AVX2 (`lut` form): each weight group indexes the token's precomputed sums.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Spans summed in i16 lanes before they are widened: a lane takes one group per pair, eight

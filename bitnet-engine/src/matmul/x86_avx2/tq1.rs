@@ -1,6 +1,5 @@
 //! The TQ1_0 (base-3) kernels at AVX2: decoded blocks dotted with up to 64 tokens, and the digit tiles.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Shared shape of the TQ1 kernels: decode each block once into a stack tile, then dot it with

@@ -1,6 +1,5 @@
 //! The bit-plane (XNOR/popcount) kernel at AVX2.
 
-#[allow(unused_imports)]
 use super::*;
 
 #[target_feature(enable = "avx2,fma,popcnt,f16c")]

@@ -1,6 +1,5 @@
 //! The fused I2_S and TQ2_0 kernels at AVX-512: `vpdpbusd` register tiles of rows × tokens over 2-bit codes.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Rows and tokens of a batched integer tile ([`code_tile`]): 4 × 4 accumulators, so that each

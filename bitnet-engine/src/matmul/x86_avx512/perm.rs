@@ -1,6 +1,5 @@
 //! The `perm` TQ1 kernel: `vpermb` looks up each weight group's sum in the token's tables.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// The `perm` TQ1 kernel (see `formats::tq1_perm`): one token, two 32-row tiles per pass

@@ -1,6 +1,5 @@
 //! The TQ1_0 (base-3) kernels at AVX-512: fused digit tiles, the repacked and telescoped forms, and the table-lookup kernel with AVX-512 masks.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// The table-lookup TQ1 kernel's sign and nibble operations in fewer vector operations than

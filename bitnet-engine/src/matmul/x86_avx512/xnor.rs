@@ -1,6 +1,5 @@
 //! The bit-plane (XNOR/popcount) kernel at AVX-512, with VPOPCNTDQ.
 
-#[allow(unused_imports)]
 use super::*;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vpopcntdq,avx2,fma,popcnt,f16c")]
