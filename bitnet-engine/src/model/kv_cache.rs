@@ -20,7 +20,7 @@ use crate::aligned::PageVec;
 use crate::attention::{
     attention_scores, attention_scores_encoded, attention_scores_group, attention_scores_group_encoded,
     attention_weighted_sum, attention_weighted_sum_encoded, attention_weighted_sum_group,
-    attention_weighted_sum_group_encoded, KvPrecision,
+    attention_weighted_sum_group_encoded, KeyElem, KvPrecision,
 };
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -41,6 +41,27 @@ enum Store {
     F16(PageVec<f16>),
     /// `[.., vec_bytes]` encoded by `KvPrecision::encode`.
     Bytes(PageVec<u8>),
+}
+
+/// [`KvRows::scores`] over rows kept as floats: one head through the one-head kernel, more
+/// through the group kernel.
+#[inline]
+fn scores_of<K: KeyElem>(qs: &[f32], heads: usize, keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+    if heads == 1 {
+        attention_scores(qs, keys, scale, out, ahead)
+    } else {
+        attention_scores_group(qs, heads, keys, scale, out, ahead)
+    }
+}
+
+/// [`KvRows::weighted_sum`] over rows kept as floats, split as [`scores_of`] splits it.
+#[inline]
+fn weighted_sum_of<K: KeyElem>(ws: &[f32], heads: usize, values: &[K], os: &mut [f32], ahead: &[K]) {
+    if heads == 1 {
+        attention_weighted_sum(ws, values, os, ahead)
+    } else {
+        attention_weighted_sum_group(ws, heads, values, os, ahead)
+    }
 }
 
 impl Store {
@@ -146,20 +167,10 @@ impl<'a> KvRows<'a> {
     ) {
         match (self, ahead) {
             (KvRows::F32(k), a) => {
-                let a = if let Some(KvRows::F32(a)) = a { a } else { &[][..] };
-                if heads == 1 {
-                    attention_scores(qs, k, scale, out, a)
-                } else {
-                    attention_scores_group(qs, heads, k, scale, out, a)
-                }
+                scores_of(qs, heads, k, scale, out, if let Some(KvRows::F32(a)) = a { a } else { &[] })
             }
             (KvRows::F16(k), a) => {
-                let a = if let Some(KvRows::F16(a)) = a { a } else { &[][..] };
-                if heads == 1 {
-                    attention_scores(qs, k, scale, out, a)
-                } else {
-                    attention_scores_group(qs, heads, k, scale, out, a)
-                }
+                scores_of(qs, heads, k, scale, out, if let Some(KvRows::F16(a)) = a { a } else { &[] })
             }
             (KvRows::Encoded(k), a) => {
                 let a = if let Some(KvRows::Encoded(a)) = a { a } else { &[][..] };
@@ -187,20 +198,10 @@ impl<'a> KvRows<'a> {
     ) {
         match (self, ahead) {
             (KvRows::F32(v), a) => {
-                let a = if let Some(KvRows::F32(a)) = a { a } else { &[][..] };
-                if heads == 1 {
-                    attention_weighted_sum(ws, v, os, a)
-                } else {
-                    attention_weighted_sum_group(ws, heads, v, os, a)
-                }
+                weighted_sum_of(ws, heads, v, os, if let Some(KvRows::F32(a)) = a { a } else { &[] })
             }
             (KvRows::F16(v), a) => {
-                let a = if let Some(KvRows::F16(a)) = a { a } else { &[][..] };
-                if heads == 1 {
-                    attention_weighted_sum(ws, v, os, a)
-                } else {
-                    attention_weighted_sum_group(ws, heads, v, os, a)
-                }
+                weighted_sum_of(ws, heads, v, os, if let Some(KvRows::F16(a)) = a { a } else { &[] })
             }
             (KvRows::Encoded(v), a) => {
                 let a = if let Some(KvRows::Encoded(a)) = a { a } else { &[][..] };
