@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use rusqlite::{params, Connection};
 
-use crate::report::{self, Report};
+use bitnet_report::report::Report;
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -66,7 +66,7 @@ pub fn runs(path: &Path) -> Result<Vec<Run>> {
     let mut out = Vec::new();
     for row in rows {
         let (id, text) = row?;
-        let report = report::parse(&text, &format!("{}: run {id}", path.display()))?;
+        let report = bitnet_report::parse(&text, &format!("{}: run {id}", path.display()))?;
         out.push(Run { id, report });
     }
     Ok(out)

@@ -17,11 +17,12 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::report::{
-    BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Report, Roofline, Settings, Tool, SCHEMA_VERSION,
+use bitnet_report::report::{
+    BenchResult, Config, Decode, Memory, ModelInfo, Prefill, Report, Settings, Tool, SCHEMA_VERSION,
 };
-use crate::stats::Stat;
-use crate::system::System;
+use bitnet_report::roofline::Roofline;
+use bitnet_report::stats::{Latency, Stat};
+use bitnet_report::system::System;
 
 /// The fields of a llama-bench JSON entry that we read.
 #[derive(Debug, Clone, Deserialize)]
@@ -340,7 +341,12 @@ mod tests {
             .iter()
             .map(|x| {
                 let c = &x.config;
-                (c.threads, c.context_length, x.prefill.tokens_per_sec.samples[0], x.decode.tokens_per_sec.samples[0])
+                (
+                    c.threads,
+                    c.context_length,
+                    x.prefill.tokens_per_sec.samples()[0],
+                    x.decode.tokens_per_sec.samples()[0],
+                )
             })
             .collect();
         assert_eq!(got, [(1, 16, 100.0, 10.0), (1, 32, 200.0, 10.0), (2, 16, 200.0, 20.0), (2, 32, 400.0, 20.0)]);

@@ -1,8 +1,7 @@
 //! `bitnet-bench` as a library: the binary only parses flags and prints.
 //!
 //! - [`sweep`]: the model sweep (the main job) behind a measurement seam;
-//! - [`stats`], [`report`]: statistics and the versioned JSON report with its schema;
-//!   [`report_fields`]: its field reference (reports/README.md) made from the schema;
+//! - the report itself (types, schema, statistics, loading, merging) is `bitnet_report`'s;
 //! - [`output`]: table, Markdown, CSV; [`plots`]: SVG charts and an offline HTML page;
 //! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
 //! - [`history`]: the SQLite run history (`--db`);
@@ -19,9 +18,6 @@ pub mod output;
 pub mod perplexity;
 pub mod pipes;
 pub mod plots;
-pub mod report;
-pub mod report_fields;
-pub mod stats;
 pub mod sweep;
 pub mod system;
 pub mod trained;

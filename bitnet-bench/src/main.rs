@@ -11,9 +11,10 @@ use anyhow::{Context, Result};
 use bitnet_bench::kernel_sweep::{self, SweepOptions};
 use bitnet_bench::listarg::{parse_list, parse_usize_list};
 use bitnet_bench::sweep::{run_sweep, EngineRunner, Progress, SweepSpec};
-use bitnet_bench::{model_cmds, output, report};
+use bitnet_bench::{model_cmds, output};
 use bitnet_engine::model::FfnActivation;
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision, WeightFormat};
+use bitnet_report::files::write_atomic;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -422,7 +423,7 @@ fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
         Some(Command::Validate { file }) => {
-            let r = report::load(&file)?;
+            let r = bitnet_report::load(&file)?;
             println!(
                 "{}: valid (schema {}, {} results, {})",
                 file.display(),
@@ -433,7 +434,7 @@ fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
         Some(Command::Schema { check }) => {
-            let schema = report::schema_json();
+            let schema = bitnet_report::report::schema_json();
             match check {
                 None => print!("{schema}"),
                 Some(f) => {
@@ -454,18 +455,18 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Merge { files, json_report }) => {
             let reports = files
                 .iter()
-                .map(|f| report::load(f).map(|r| (f.display().to_string(), r)))
-                .collect::<Result<Vec<_>>>()?;
-            let merged = report::merge(&reports)?;
-            report::write_atomic(&json_report, (serde_json::to_string_pretty(&merged)? + "\n").as_bytes())?;
+                .map(|f| bitnet_report::load(f).map(|r| (f.display().to_string(), r)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = bitnet_report::merge(&reports)?;
+            write_atomic(&json_report, (serde_json::to_string_pretty(&merged)? + "\n").as_bytes())?;
             eprintln!("bitnet-bench: merged {} reports into {}", files.len(), json_report.display());
             return Ok(());
         }
         Some(Command::Show { files, markdown, csv, plots }) => {
             let reports = files
                 .iter()
-                .map(|f| report::load(f).map(|r| (f.display().to_string(), r)))
-                .collect::<Result<Vec<_>>>()?;
+                .map(|f| bitnet_report::load(f).map(|r| (f.display().to_string(), r)))
+                .collect::<Result<Vec<_>, _>>()?;
             let (all, headers) = output::side_by_side(&reports)?;
             let mut models: Vec<&str> = Vec::new();
             for (_, r) in &reports {
@@ -476,11 +477,10 @@ fn run(cli: Cli) -> Result<()> {
             let title = models.join(" / ");
             println!("{}", output::table_with(&headers, &all));
             if let Some(p) = &csv {
-                report::write_atomic(p, output::csv(&all).as_bytes())
-                    .with_context(|| format!("--csv {}", p.display()))?;
+                write_atomic(p, output::csv(&all).as_bytes()).with_context(|| format!("--csv {}", p.display()))?;
             }
             if let Some(p) = &markdown {
-                report::write_atomic(p, output::markdown_with(&title, &headers, &all).as_bytes())
+                write_atomic(p, output::markdown_with(&title, &headers, &all).as_bytes())
                     .with_context(|| format!("--markdown {}", p.display()))?;
             }
             if let Some(d) = &plots {
@@ -492,7 +492,7 @@ fn run(cli: Cli) -> Result<()> {
             let r = bitnet_bench::import::import_file(&file)?;
             let text = serde_json::to_string_pretty(&r)? + "\n";
             match json_report {
-                Some(p) => report::write_atomic(&p, text.as_bytes())?,
+                Some(p) => write_atomic(&p, text.as_bytes())?,
                 None => print!("{text}"),
             }
             return Ok(());
@@ -663,7 +663,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     }
     print!("{}", ppl::summary(&outcome.result));
     if let Some(p) = &a.json {
-        model_cmds::write_atomic(p, (serde_json::to_string_pretty(&outcome.result)? + "\n").as_bytes())?;
+        write_atomic(p, (serde_json::to_string_pretty(&outcome.result)? + "\n").as_bytes())?;
     }
     Ok(())
 }
@@ -812,8 +812,8 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                     eprintln!(
                         "[{}/{total}] done: pp {:.1} tok/s, tg {:.2} tok/s, {:.0}% of roofline{}",
                         index + 1,
-                        result.prefill.tokens_per_sec.median,
-                        result.decode.tokens_per_sec.median,
+                        result.prefill.tokens_per_sec.median(),
+                        result.decode.tokens_per_sec.median(),
                         result.decode.roofline_fraction * 100.0,
                         result
                             .decode
@@ -823,7 +823,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                 }
                 // After every combination, so an interruption or crash loses nothing finished.
                 if let Some(p) = &json_path {
-                    report::write_atomic(p, (serde_json::to_string_pretty(report)? + "\n").as_bytes())?;
+                    write_atomic(p, (serde_json::to_string_pretty(report)? + "\n").as_bytes())?;
                 }
             }
         }
@@ -833,13 +833,13 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         b.finish_and_clear();
     }
     if let Some(p) = &a.json_report {
-        report::write_atomic(p, (serde_json::to_string_pretty(&report)? + "\n").as_bytes())?;
+        write_atomic(p, (serde_json::to_string_pretty(&report)? + "\n").as_bytes())?;
     }
     if let Some(p) = &a.csv {
-        report::write_atomic(p, output::csv(&report).as_bytes())?;
+        write_atomic(p, output::csv(&report).as_bytes())?;
     }
     if let Some(p) = &a.markdown {
-        report::write_atomic(p, output::markdown(&report).as_bytes())?;
+        write_atomic(p, output::markdown(&report).as_bytes())?;
     }
     if let Some(d) = &a.plots {
         bitnet_bench::plots::write_all(&report, d)?;

@@ -371,7 +371,7 @@ pub fn run(a: &RunArgs, mut on_token: impl FnMut(u32)) -> Result<RunOutcome> {
     if let Some(path) = &a.logits_out {
         let all: Vec<u32> = a.tokens.iter().chain(&generated).copied().collect();
         let doc = json!({ "tokens": all, "logits": logits });
-        write_atomic(path, serde_json::to_vec(&doc)?.as_slice())
+        bitnet_report::files::write_atomic(path, serde_json::to_vec(&doc)?.as_slice())
             .with_context(|| format!("--logits-out {}", path.display()))?;
     }
     Ok(RunOutcome {
@@ -471,10 +471,4 @@ pub fn check_writable(path: &Path) -> Result<()> {
     std::fs::File::create(&probe)
         .and_then(|_| std::fs::remove_file(&probe))
         .with_context(|| format!("{}: directory {} is not writable", path.display(), dir.display()))
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
-/// half-written file and a failure leaves nothing behind.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    bitnet_engine::files::write_atomic(path, bytes).with_context(|| format!("{}: cannot write", path.display()))
 }

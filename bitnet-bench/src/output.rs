@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::report::{BenchResult, Report};
+use bitnet_report::report::{BenchResult, Report};
 
 /// Column headers shared by the table, Markdown and CSV.
 const HEADERS: [&str; 17] = [
@@ -30,9 +30,9 @@ const HEADERS: [&str; 17] = [
 const P99_MIN_STEPS: usize = 100;
 
 /// The p99 cell, marked `*` when it comes from fewer than [`P99_MIN_STEPS`] steps.
-fn p99_cell(l: &crate::report::Latency) -> String {
-    let few = (1..P99_MIN_STEPS).contains(&l.samples.len());
-    format!("{:.2}{}", l.p99, if few { "*" } else { "" })
+fn p99_cell(l: &bitnet_report::stats::Latency) -> String {
+    let few = (1..P99_MIN_STEPS).contains(&l.samples().len());
+    format!("{:.2}{}", l.p99(), if few { "*" } else { "" })
 }
 
 fn row(r: &BenchResult) -> [String; 17] {
@@ -46,11 +46,11 @@ fn row(r: &BenchResult) -> [String; 17] {
         c.batch.to_string(),
         c.context_length.to_string(),
         c.kv_precision.clone(),
-        format!("{:.1}", r.prefill.tokens_per_sec.median),
-        format!("{:.1}", r.prefill.ttft_ms.median),
-        format!("{:.2}", tg.median),
-        format!("{:.2}", (tg.ci95_high - tg.ci95_low) / 2.0),
-        format!("{:.2}", r.decode.latency_ms.p50),
+        format!("{:.1}", r.prefill.tokens_per_sec.median()),
+        format!("{:.1}", r.prefill.ttft_ms.median()),
+        format!("{:.2}", tg.median()),
+        format!("{:.2}", (tg.ci95_high() - tg.ci95_low()) / 2.0),
+        format!("{:.2}", r.decode.latency_ms.p50()),
         p99_cell(&r.decode.latency_ms),
         roofline_cell(r),
         r.decode.compute_fraction.map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
@@ -130,7 +130,7 @@ fn mib(bytes: u64) -> String {
 }
 
 /// The compute rooflines: `; int8 peak avx512/1 233.0, avx512/2 466.1 G multiply-adds/s`.
-fn peaks_note(r: &crate::report::Roofline) -> String {
+fn peaks_note(r: &bitnet_report::roofline::Roofline) -> String {
     if r.int8_peak_gmacs.is_empty() {
         return String::new();
     }
@@ -141,7 +141,7 @@ fn peaks_note(r: &crate::report::Roofline) -> String {
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a
 /// warning when the probes of one thread count are more than 10% apart (the roofline
 /// fractions are then uncertain), with that count's probes where it is not the header's.
-fn probes_note(r: &crate::report::Roofline) -> String {
+fn probes_note(r: &bitnet_report::roofline::Roofline) -> String {
     let top = r.threads.to_string();
     let list = |p: &[f64]| p.iter().map(|g| format!("{g:.1}")).collect::<Vec<_>>().join(" → ");
     let mut note = match r.probes_gbps.get(&top).filter(|p| p.len() > 1) {
@@ -214,7 +214,7 @@ pub fn kv_cache_known(r: &BenchResult) -> Option<u64> {
 /// where there were none (an imported or older report).
 pub fn step_probe_median(r: &BenchResult) -> Option<f64> {
     let p = &r.decode.probes_gbps;
-    (!p.is_empty()).then(|| crate::stats::percentile(p, 50.0))
+    (!p.is_empty()).then(|| bitnet_report::stats::median(p))
 }
 
 /// The roofline cell: the fraction and the median step probe it is of (`73% of 56.9`), since
@@ -333,15 +333,15 @@ pub fn csv_cells(r: &Report) -> Vec<Vec<String>> {
             c.batch.to_string(),
             c.context_length.to_string(),
             c.kv_precision.clone(),
-            format!("{}", x.prefill.tokens_per_sec.median),
-            format!("{}", x.prefill.ttft_ms.median),
-            format!("{}", x.decode.tokens_per_sec.median),
-            format!("{}", x.decode.tokens_per_sec.ci95_low),
-            format!("{}", x.decode.tokens_per_sec.ci95_high),
-            format!("{}", x.decode.latency_ms.p50),
-            format!("{}", x.decode.latency_ms.p90),
-            format!("{}", x.decode.latency_ms.p95),
-            format!("{}", x.decode.latency_ms.p99),
+            format!("{}", x.prefill.tokens_per_sec.median()),
+            format!("{}", x.prefill.ttft_ms.median()),
+            format!("{}", x.decode.tokens_per_sec.median()),
+            format!("{}", x.decode.tokens_per_sec.ci95_low()),
+            format!("{}", x.decode.tokens_per_sec.ci95_high()),
+            format!("{}", x.decode.latency_ms.p50()),
+            format!("{}", x.decode.latency_ms.p90()),
+            format!("{}", x.decode.latency_ms.p95()),
+            format!("{}", x.decode.latency_ms.p99()),
             x.decode.bytes_per_token.to_string(),
             roofline_known(x).map_or(String::new(), |f| format!("{f}")),
             x.memory.weight_bytes.to_string(),
@@ -371,7 +371,7 @@ pub fn side_by_side(reports: &[(String, Report)]) -> anyhow::Result<(Report, Vec
     let mut all = first.clone();
     all.results.clear();
     all.complete = reports.iter().all(|(_, r)| r.complete);
-    let mut seen: std::collections::BTreeMap<&crate::report::Config, (usize, &str)> = Default::default();
+    let mut seen: std::collections::BTreeMap<&bitnet_report::report::Config, (usize, &str)> = Default::default();
     let mut headers = Vec::new();
     for (i, (name, r)) in reports.iter().enumerate() {
         for x in &r.results {

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 
-use crate::report::{BenchResult, Report};
+use bitnet_report::report::{BenchResult, Report};
 
 const W: u32 = 760;
 const H: u32 = 440;
@@ -166,9 +166,9 @@ fn latency_lines(r: &Report) -> Option<(String, Lines)> {
         let (l, c) = (&x.decode.latency_ms, &x.config);
         let label: String = p.iter().zip(varies).filter(|(_, v)| *v).map(|(s, _)| format!(" {s}")).collect();
         let percentiles: &[(&str, f64)] = if !varies.contains(&true) {
-            &[("p50", l.p50), ("p90", l.p90), ("p95", l.p95), ("p99", l.p99)]
+            &[("p50", l.p50()), ("p90", l.p90()), ("p95", l.p95()), ("p99", l.p99())]
         } else {
-            &[("p50", l.p50), ("p99", l.p99)]
+            &[("p50", l.p50()), ("p99", l.p99())]
         };
         for (name, v) in percentiles {
             lat.entry(format!("{name}{label}")).or_default().push((c.context_length as f64, *v));
@@ -193,7 +193,7 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
     for x in &r.results {
         let c = &x.config;
         let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
-        tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median));
+        tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median()));
     }
     tg.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
     // A chart with nothing to draw is left out (a sweep interrupted in its first combination,
@@ -312,9 +312,10 @@ pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path) -
     }
     html.push_str("</table>\n");
     for (file, title, svg) in &charts {
-        crate::report::write_atomic(&dir.join(file), svg.as_bytes())?;
+        bitnet_report::files::write_atomic(&dir.join(file), svg.as_bytes())?;
         html.push_str(&format!("<figure><figcaption>{}</figcaption>\n{}\n</figure>\n", escape(title), svg));
     }
     html.push_str("</body></html>\n");
-    crate::report::write_atomic(&dir.join("index.html"), html.as_bytes())
+    bitnet_report::files::write_atomic(&dir.join("index.html"), html.as_bytes())?;
+    Ok(())
 }

@@ -18,12 +18,13 @@ use bitnet_engine::probes::bandwidth::{measure_read_bandwidth, ProbeBuffer};
 use bitnet_engine::probes::compute_peak;
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KvPrecision, LogitsFor, Model, State, StateOptions, WeightFormat};
 
-use crate::report::{
-    peak_key, BenchResult, Config, Decode, Latency, Memory, ModelInfo, Prefill, Quality, Report, Roofline, Settings,
-    StageShare, Tool, SCHEMA_VERSION,
-};
-use crate::stats::Stat;
 use crate::system::{available_memory, fingerprint, peak_rss};
+use bitnet_report::report::{
+    BenchResult, Config, Decode, Memory, ModelInfo, Prefill, Quality, Report, Settings, StageShare, Tool,
+    SCHEMA_VERSION,
+};
+use bitnet_report::roofline::{peak_key, roofline_fraction, Roofline};
+use bitnet_report::stats::{median, Latency, Stat};
 
 /// What to sweep.
 #[derive(Debug, Clone)]
@@ -398,10 +399,9 @@ pub fn run_sweep(
         } else {
             None
         };
-        let bw = report.roofline.by_threads[&combo.threads.to_string()];
-        let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, bw, quality, diag);
+        let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, quality, diag);
         report.results.push(result);
-        report.refresh_compute_fractions();
+        report.refresh_derived();
         let last = report.results.last().expect("just pushed");
         progress(Progress::Done { index, total, result: last, report: &report })?;
     }
@@ -415,12 +415,7 @@ pub fn run_sweep(
             report.roofline.raise(&key, gbps);
         }
         probe_peaks(runner, &peak_cases, &mut report.roofline, "compute probe after the runs")?;
-        report.refresh_compute_fractions();
-        for r in report.results.iter_mut().filter(|r| r.decode.step_fractions.is_empty()) {
-            let bw = report.roofline.by_threads[&r.config.threads.to_string()];
-            r.decode.roofline_fraction =
-                roofline_fraction(r.decode.bytes_per_step as f64, r.decode.tokens_per_sec.median, r.config.batch, bw);
-        }
+        report.refresh_derived();
     }
     Ok(report)
 }
@@ -441,20 +436,14 @@ fn probe_peaks(
     Ok(())
 }
 
-/// Bytes read per decode step × steps per second ÷ bandwidth (GB/s).
-pub fn roofline_fraction(bytes_per_step: f64, tokens_per_sec: f64, batch: usize, bandwidth_gbps: f64) -> f64 {
-    bytes_per_step * tokens_per_sec / batch as f64 / (bandwidth_gbps * 1e9)
-}
-
-/// The statistics of one combination's runs.
-#[allow(clippy::too_many_arguments)]
+/// The statistics of one combination's runs (the fractions derived from them and the roofline
+/// are [`Report::refresh_derived`]'s, once the result is in its report).
 pub fn summarize(
     combo: &Combo,
     model: &str,
     prepared: &Prepared,
     samples: &[RunSample],
     passes: &[RooflinePass],
-    bandwidth_gbps: f64,
     quality: Option<Quality>,
     diag: Diagnostics,
 ) -> BenchResult {
@@ -464,8 +453,6 @@ pub fn summarize(
     let tg: Vec<f64> =
         samples.iter().map(|s| b * s.decode_step_secs.len() as f64 / s.decode_step_secs.iter().sum::<f64>()).collect();
     let lat: Vec<f64> = samples.iter().flat_map(|s| s.decode_step_secs.iter().map(|t| t * 1e3)).collect();
-    let tg_stat = Stat::of(&tg);
-    let tg_median = tg_stat.median;
     // Each step over its own bytes (its position's KV rows), its time and the probe after it.
     let fractions = |pass: &RooflinePass| -> Vec<f64> {
         let mid = (pass.step_secs.len() as f64 - 1.0) / 2.0;
@@ -480,12 +467,9 @@ pub fn summarize(
             .collect()
     };
     let per_pass: Vec<Vec<f64>> = passes.iter().map(fractions).filter(|f| !f.is_empty()).collect();
-    let pass_fractions: Vec<f64> = per_pass.iter().map(|f| crate::stats::percentile(f, 50.0)).collect();
+    let pass_fractions: Vec<f64> = per_pass.iter().map(|f| median(f)).collect();
     let step_fractions: Vec<f64> = per_pass.concat();
-    let stages = diag.stages.map(|m| {
-        let total: f64 = m.values().sum();
-        m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: if total > 0.0 { ns / total } else { 0.0 } })).collect()
-    });
+    let stages = diag.stages.map(|m| m.into_iter().map(|(k, ns)| (k, StageShare { ns, share: 0.0 })).collect());
     BenchResult {
         config: Config {
             model: model.to_string(),
@@ -503,15 +487,11 @@ pub fn summarize(
             compute_fraction: None,
         },
         decode: Decode {
-            tokens_per_sec: tg_stat,
+            tokens_per_sec: Stat::of(&tg),
             latency_ms: Latency::of(lat),
             bytes_per_token: prepared.bytes_per_step / combo.batch as u64,
             bytes_per_step: prepared.bytes_per_step,
-            roofline_fraction: if step_fractions.is_empty() {
-                roofline_fraction(prepared.bytes_per_step as f64, tg_median, combo.batch, bandwidth_gbps)
-            } else {
-                crate::stats::percentile(&step_fractions, 50.0)
-            },
+            roofline_fraction: 0.0,
             probes_gbps: passes.iter().flat_map(|p| p.probe_gbps.iter().copied()).collect(),
             step_fractions,
             pass_fractions,

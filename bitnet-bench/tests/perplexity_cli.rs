@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use bitnet_bench::perplexity;
+use bitnet_report::perplexity;
 use common::{bench, tiny_gguf};
 
 mod common;
@@ -73,7 +73,7 @@ fn scores_the_second_half_of_each_chunk_and_agrees_with_run_logits() {
     assert!(lines[4].starts_with("Final estimate: PPL = ") && lines[4].contains(" +/- "), "{stdout}");
     assert!(lines[5].starts_with("60 tokens scored (4 of "), "{stdout}");
     let v = json(&j);
-    perplexity::validate_schema(&v).unwrap();
+    perplexity::validate_schema(&v, "result.json").unwrap();
     let r: perplexity::PerplexityResult = serde_json::from_value(v).unwrap();
     assert_eq!((r.chunks, r.ctx, r.tokens_scored, r.tokens_evaluated, r.complete), (4, 32, 60, 128, true));
     assert_eq!((r.add_bos, r.bos, r.running.len()), (true, Some(1), 4));
@@ -130,7 +130,7 @@ fn kl_is_zero_against_its_own_base_and_positive_against_int2_kv_or_silu() {
         ));
         assert!(stdout.contains("Mean    KLD") && stdout.contains("Same top p"), "{stdout}");
         let v = json(&j);
-        perplexity::validate_schema(&v).unwrap();
+        perplexity::validate_schema(&v, "result.json").unwrap();
         serde_json::from_value::<perplexity::KlReport>(v["kl"].clone()).unwrap()
     };
     let same = kl(&[]);
@@ -240,7 +240,7 @@ fn ctrl_c_reports_the_chunks_scored_so_far_and_marks_the_json_incomplete() {
     assert!(rest.iter().any(|l| l.starts_with("Final estimate: PPL = ")), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("INTERRUPTED, partial")), "{rest:?}");
     let v = json(&j);
-    perplexity::validate_schema(&v).unwrap();
+    perplexity::validate_schema(&v, "result.json").unwrap();
     let r: perplexity::PerplexityResult = serde_json::from_value(v).unwrap();
     assert!(!r.complete && r.chunks >= 1 && r.chunks < r.chunks_available, "{} of {}", r.chunks, r.chunks_available);
     assert_eq!(r.tokens_scored, r.chunks * 31);

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
-use bitnet_bench::report::{self, ModelInfo, Quality, Report};
+use bitnet_bench::output;
 use bitnet_bench::sweep::{
     run_sweep, Combo, Diagnostics, Prepared, Progress, RooflinePass, RunSample, Runner, SweepSpec,
 };
-use bitnet_bench::{output, system};
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision};
+use bitnet_report::report::{self, ModelInfo, Quality, Report};
+use bitnet_report::system;
 
 /// Decode step k of run r takes (10 + k + r) ms × (1 + batch / 4); prefill takes 1 ms per
 /// prompt token; probe p (from 0) measures 10 × threads + 5p GB/s. Sets `stop` when
@@ -171,9 +172,9 @@ fn sweep(stop_after: Option<usize>) -> Report {
     let peaks = std::mem::take(&mut r.roofline.int8_peak_gmacs);
     for (k, g) in peaks {
         let threads = k.rsplit('/').next().unwrap().parse().unwrap();
-        r.roofline.int8_peak_gmacs.insert(report::peak_key("avx512", threads), g);
+        r.roofline.int8_peak_gmacs.insert(bitnet_report::roofline::peak_key("avx512", threads), g);
     }
-    r.refresh_compute_fractions();
+    r.refresh_derived();
     r
 }
 
@@ -184,12 +185,12 @@ fn compute_fractions_are_each_steps_multiply_adds_over_the_int8_peak() {
     for x in &r.results {
         // The fake's 2 G multiply-adds a token, B tokens a step, at the median tokens/s.
         assert_eq!(x.decode.macs_per_step, 2_000_000_000 * x.config.batch as u64);
-        let want = 2e9 * x.decode.tokens_per_sec.median / 400e9;
+        let want = 2e9 * x.decode.tokens_per_sec.median() / 400e9;
         let got = x.decode.compute_fraction.unwrap();
         assert!((got - want).abs() < 1e-12 * want, "{}: {got} vs {want}", x.config);
         // Prefill: the fake's (context + 1) × 0.1 G a sequence over the median prefill time.
         let (b, ctx) = (x.config.batch as f64, x.config.context_length as f64);
-        let secs = b * ctx / x.prefill.tokens_per_sec.median;
+        let secs = b * ctx / x.prefill.tokens_per_sec.median();
         let want = 1e8 * (ctx + 1.0) * b / secs / 400e9;
         let got = x.prefill.compute_fraction.unwrap();
         assert!((got - want).abs() < 1e-12 * want, "{}: prefill {got} vs {want}", x.config);
@@ -205,15 +206,15 @@ fn compute_fractions_are_each_steps_multiply_adds_over_the_int8_peak() {
     assert!(s.results.iter().all(|x| x.prefill.compute_fraction.is_none() && x.prefill.macs > 0));
     let mut other = r.clone();
     other.roofline.int8_peak_gmacs = BTreeMap::from([("avx512/1".to_string(), 200.0)]);
-    other.refresh_compute_fractions();
+    other.refresh_derived();
     assert!(other.results.iter().all(|x| x.decode.compute_fraction.is_none() && x.prefill.compute_fraction.is_none()));
     // Merged runs take the higher peak of the two.
     let mut faster = r.clone();
     faster.roofline.int8_peak_gmacs.insert("avx512/2".into(), 500.0);
-    let m = report::merge(&[("a".to_string(), r.clone()), ("b".to_string(), faster)]).unwrap();
+    let m = bitnet_report::merge(&[("a".to_string(), r.clone()), ("b".to_string(), faster)]).unwrap();
     assert_eq!(m.roofline.int8_peak_gmacs["avx512/2"], 500.0);
     for x in &m.results {
-        let want = 2e9 * x.decode.tokens_per_sec.median / 500e9;
+        let want = 2e9 * x.decode.tokens_per_sec.median() / 500e9;
         assert!((x.decode.compute_fraction.unwrap() - want).abs() < 1e-12 * want);
     }
 }
@@ -238,7 +239,7 @@ fn fractions_above_their_probes_are_flagged_under_the_table() {
     let mut r = sweep(None);
     assert!(!output::table(&r).contains("WARNING"));
     r.roofline.int8_peak_gmacs.insert("avx512/2".into(), 1.0);
-    r.refresh_compute_fractions();
+    r.refresh_derived();
     let t = output::table(&r);
     assert!(
         t.contains("WARNING: a compute fraction above 100%: the int8 peak probes read below what the run did"),
@@ -275,19 +276,19 @@ fn statistics_come_from_the_runs_after_warm_up() {
     // Runs 1, 2, 3 are measured (run 0 is the warm-up): steps (10+k+r) ms × 1.25 for B=1.
     let tg = &first.decode.tokens_per_sec;
     let expect: Vec<f64> = (1..=3).map(|r| 3.0 / ((30.0 + 3.0 + 3.0 * r as f64) * 1.25e-3)).collect();
-    assert_eq!(tg.n, 3);
-    for (a, b) in tg.samples.iter().zip(&expect) {
+    assert_eq!(tg.n(), 3);
+    for (a, b) in tg.samples().iter().zip(&expect) {
         assert!((a - b).abs() < 1e-9, "{a} vs {b}");
     }
-    assert!((tg.median - expect[1]).abs() < 1e-9);
+    assert!((tg.median() - expect[1]).abs() < 1e-9);
     // Latency: all 9 steps, in ms.
     let lat = &first.decode.latency_ms;
-    assert_eq!(lat.samples.len(), 9);
+    assert_eq!(lat.samples().len(), 9);
     // Steps 11,12,13 / 12,13,14 / 13,14,15 ms × 1.25: the median is 13 × 1.25.
-    assert!((lat.p50 - 16.25).abs() < 1e-9, "got {}", lat.p50);
+    assert!((lat.p50() - 16.25).abs() < 1e-9, "got {}", lat.p50());
     // Prefill: 8 tokens in 8 ms.
-    assert!((first.prefill.tokens_per_sec.median - 1000.0).abs() < 1e-9);
-    assert!((first.prefill.ttft_ms.median - 9.0).abs() < 1e-9);
+    assert!((first.prefill.tokens_per_sec.median() - 1000.0).abs() < 1e-9);
+    assert!((first.prefill.ttft_ms.median() - 9.0).abs() < 1e-9);
     // Roofline: a pass per measured run (3), each step's fraction 1e8 bytes ÷ the step's time
     // ÷ the probe after it: (10 + k) ms × 1.25 and (20 + k) GB/s for step k; each pass's
     // median, and the median of all, is step 1's. The sweep's probes before (20) and after (25)
@@ -321,7 +322,7 @@ fn statistics_come_from_the_runs_after_warm_up() {
 fn the_report_round_trips_and_validates_against_the_schema() {
     let r = sweep(None);
     let text = serde_json::to_string_pretty(&r).unwrap();
-    let back = report::parse(&text, "report.json").unwrap();
+    let back = bitnet_report::parse(&text, "report.json").unwrap();
     assert_eq!(back, r);
     // The committed schema is the one generated from the type.
     let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../reports/schema.json")).unwrap();
@@ -348,17 +349,22 @@ fn malformed_reports_name_the_field() {
             "$.results[0].config",
         ),
         (
-            Box::new(|v| v["results"][0]["prefill"]["ttft_ms"]["samples"] = serde_json::json!([1.0])),
+            Box::new(|v| v["results"][0]["prefill"]["ttft_ms"]["samples"] = serde_json::json!([])),
             "$.results[0].prefill.ttft_ms",
         ),
     ];
     for (mutate, needle) in cases {
         let mut v = good.clone();
         mutate(&mut v);
-        let e = format!("{:#}", report::parse(&v.to_string(), "r.json").unwrap_err());
+        let e = format!("{:#}", bitnet_report::parse(&v.to_string(), "r.json").unwrap_err());
         assert!(e.contains("r.json") && e.contains(needle), "expected {needle} in: {e}");
     }
-    let e = format!("{:#}", report::parse("{\"schema_version\": 1, ", "t.json").unwrap_err());
+    // Summaries are recomputed from the samples: one that says otherwise is read as theirs.
+    let mut v = good.clone();
+    v["results"][0]["prefill"]["ttft_ms"]["samples"] = serde_json::json!([1.0]);
+    let one = bitnet_report::parse(&v.to_string(), "r.json").unwrap();
+    assert_eq!(one.results[0].prefill.ttft_ms, bitnet_report::Stat::of(&[1.0]));
+    let e = format!("{:#}", bitnet_report::parse("{\"schema_version\": 1, ", "t.json").unwrap_err());
     assert!(e.contains("t.json") && e.contains("not valid JSON"), "{e}");
 }
 
@@ -368,12 +374,12 @@ fn an_interrupted_sweep_keeps_every_finished_combination() {
     let r = sweep(Some(6));
     assert!(!r.complete);
     assert_eq!(r.results.len(), 1, "only the finished combination is reported");
-    assert_eq!(r.results[0].decode.tokens_per_sec.n, 3);
+    assert_eq!(r.results[0].decode.tokens_per_sec.n(), 3);
     // No closing probe for an interrupted sweep: the opening one is the roofline.
     assert_eq!(r.roofline.probes_gbps["2"], vec![20.0]);
     assert_eq!(r.roofline.by_threads["2"], 20.0);
     let text = serde_json::to_string(&r).unwrap();
-    assert!(!report::parse(&text, "partial.json").unwrap().complete);
+    assert!(!bitnet_report::parse(&text, "partial.json").unwrap().complete);
 }
 
 fn golden(name: &str, got: &str) {
@@ -509,7 +515,7 @@ fn committed_baselines_are_valid_complete_and_of_the_isa_they_name() {
             continue;
         }
         seen += 1;
-        let r = report::load(&path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let r = bitnet_report::load(&path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert!(r.complete && !r.results.is_empty(), "{name}: incomplete or empty");
         assert!(readme.contains(&format!("`{name}`")), "reports/README.md does not describe {name}");
         // `baseline-quick-avx2.json` holds AVX2 results only; the unsuffixed ones AVX-512.
@@ -631,8 +637,7 @@ fn each_roofline_step_is_over_its_own_kv_bytes() {
     // A second pass at half the fraction (twice the step times): its own median.
     let slow = RooflinePass { step_secs: pass.step_secs.iter().map(|t| 2.0 * t).collect(), ..pass.clone() };
     let passes = [pass, slow];
-    let r =
-        bitnet_bench::sweep::summarize(&combo, "m", &prepared, &[sample], &passes, gbps, None, Diagnostics::default());
+    let r = bitnet_bench::sweep::summarize(&combo, "m", &prepared, &[sample], &passes, None, Diagnostics::default());
     assert_eq!(r.decode.step_fractions.len(), 2 * n);
     for (i, f) in r.decode.step_fractions.iter().enumerate() {
         let want = if i < n { fraction } else { fraction / 2.0 };

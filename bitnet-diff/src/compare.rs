@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use bitnet_bench::report::{BenchResult, Config, Report};
+use bitnet_report::report::{BenchResult, Config, Report};
 use serde::Serialize;
 
 use crate::stats::{bootstrap_log_ratio, median, welch_p};
@@ -85,10 +85,10 @@ impl Metric {
 /// Every metric `--metrics` accepts.
 pub fn metrics() -> Vec<Metric> {
     vec![
-        Metric::speed("decode.tokens_per_sec", Better::Higher, |r| Some(r.decode.tokens_per_sec.samples.clone())),
-        Metric::speed("prefill.tokens_per_sec", Better::Higher, |r| Some(r.prefill.tokens_per_sec.samples.clone())),
-        Metric::speed("prefill.ttft_ms", Better::Lower, |r| Some(r.prefill.ttft_ms.samples.clone())),
-        Metric::speed("decode.latency_ms", Better::Lower, |r| Some(r.decode.latency_ms.samples.clone())),
+        Metric::speed("decode.tokens_per_sec", Better::Higher, |r| Some(r.decode.tokens_per_sec.samples().to_vec())),
+        Metric::speed("prefill.tokens_per_sec", Better::Higher, |r| Some(r.prefill.tokens_per_sec.samples().to_vec())),
+        Metric::speed("prefill.ttft_ms", Better::Lower, |r| Some(r.prefill.ttft_ms.samples().to_vec())),
+        Metric::speed("decode.latency_ms", Better::Lower, |r| Some(r.decode.latency_ms.samples().to_vec())),
         Metric {
             not_like_for_like: Some(probe_levels_apart),
             ..Metric::speed(
@@ -118,8 +118,8 @@ pub fn metrics() -> Vec<Metric> {
             // samples stay comparable when the core's clock moved between the two runs.
             |r| {
                 let f = r.decode.compute_fraction?;
-                let median = r.decode.tokens_per_sec.median;
-                (median > 0.0).then(|| r.decode.tokens_per_sec.samples.iter().map(|t| t / median * f).collect())
+                let median = r.decode.tokens_per_sec.median();
+                (median > 0.0).then(|| r.decode.tokens_per_sec.samples().iter().map(|t| t / median * f).collect())
             },
         ),
         Metric::speed("memory.kv_cache_bytes", Better::Lower, |r| Some(vec![r.memory.kv_cache_bytes as f64])),
@@ -374,7 +374,7 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
     }
     if across {
         let file = |r: &Report| {
-            bitnet_bench::report::source_gguf_name(&r.model.source)
+            bitnet_report::report::source_gguf_name(&r.model.source)
                 .unwrap_or_else(|| format!("{} (not a GGUF file)", r.model.source))
         };
         diff("model file", file(a), file(b));
@@ -382,7 +382,7 @@ pub fn environment_differences(a: &Report, b: &Report) -> Vec<String> {
         diff("model", a.model.name.clone(), b.model.name.clone());
         // One name covers a preset's synthetic weights and a GGUF file of the same shapes,
         // whose LM heads (and so bytes per token) differ.
-        let source = |r: &Report| bitnet_bench::report::source_identity(&r.model.source);
+        let source = |r: &Report| bitnet_report::report::source_identity(&r.model.source);
         diff("model source", source(a), source(b));
     }
     diff("weight format", a.model.weight_format.clone(), b.model.weight_format.clone());

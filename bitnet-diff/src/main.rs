@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use bitnet_diff::{compare, render};
+use bitnet_report::files::write_atomic;
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -130,19 +131,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     if cli.history {
         let db = cli.db.as_ref().context("--history needs --db FILE")?;
-        return history(db, &cli.metric, cli.plot.as_deref());
+        return stored::history(db, &cli.metric, cli.plot.as_deref());
     }
     let (base, new, names) = match (&cli.db, &cli.base, &cli.new, &cli.base_rev, &cli.head_rev) {
         (Some(db), None, None, Some(b), Some(h)) => (
-            bitnet_bench::history::latest_of(db, b).with_context(|| format!("--base {b}"))?,
-            bitnet_bench::history::latest_of(db, h).with_context(|| format!("--head {h}"))?,
+            stored::latest_of(db, b).with_context(|| format!("--base {b}"))?,
+            stored::latest_of(db, h).with_context(|| format!("--head {h}"))?,
             (format!("{}@{b}", db.display()), format!("{}@{h}", db.display())),
         ),
-        (None, Some(b), Some(n), None, None) => (
-            bitnet_bench::report::load(b)?,
-            bitnet_bench::report::load(n)?,
-            (b.display().to_string(), n.display().to_string()),
-        ),
+        (None, Some(b), Some(n), None, None) => {
+            (bitnet_report::load(b)?, bitnet_report::load(n)?, (b.display().to_string(), n.display().to_string()))
+        }
         _ => bail!("give BASE.json NEW.json, or --db FILE --base REV --head REV, or --db FILE --history"),
     };
     let metrics: Vec<String> =
@@ -160,8 +159,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Format::Json => render::json(&c),
     };
     match &cli.output {
-        Some(p) => bitnet_bench::report::write_atomic(p, text.as_bytes())
-            .with_context(|| format!("--output {}", p.display()))?,
+        Some(p) => write_atomic(p, text.as_bytes()).with_context(|| format!("--output {}", p.display()))?,
         None => print!("{text}"),
     }
     if cli.fail_on == FailOn::Regression && !new.complete {
@@ -211,55 +209,85 @@ fn perplexity_diff(
         Format::Text | Format::Markdown => ppl::markdown(&c),
     };
     match &cli.output {
-        Some(p) => bitnet_bench::report::write_atomic(p, text.as_bytes())
-            .with_context(|| format!("--output {}", p.display()))?,
+        Some(p) => write_atomic(p, text.as_bytes()).with_context(|| format!("--output {}", p.display()))?,
         None => print!("{text}"),
     }
     let fail = cli.fail_on == FailOn::Regression && (c.regressions > 0 || !new.complete);
     Ok(Some(if fail { ExitCode::from(1) } else { ExitCode::SUCCESS }))
 }
 
-/// Prints the trend of `metric` (its median) over the stored runs, one line per run and
-/// configuration; with `plot`, draws it (a line per configuration).
-fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -> Result<ExitCode> {
-    let m = compare::metrics()
-        .into_iter()
-        .find(|m| m.name == metric)
-        .with_context(|| format!("--metric {metric}: unknown metric"))?;
-    let runs = bitnet_bench::history::runs(db)?;
-    if runs.is_empty() {
-        bail!("--db {}: no runs stored yet", db.display());
-    }
-    println!("{metric} (median) over {} runs of {}", runs.len(), db.display());
-    println!("| run | created_at | commit | configuration | {metric} |");
-    println!("|---|---|---|---|---|");
-    let mut series: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
-    for (i, r) in runs.iter().enumerate() {
-        let commit = r.report.tool.git_commit.as_deref().map_or("-".to_string(), |c| c.chars().take(10).collect());
-        for x in &r.report.results {
-            let Some(s) = (m.samples)(x) else { continue };
-            if s.is_empty() {
-                continue;
-            }
-            let med = bitnet_diff::stats::median(&s);
-            let c = &x.config;
-            // The model and where its weights came from (a preset, or a file by name) are part
-            // of the series: one database may hold runs of several, and a preset and a GGUF
-            // file of its shapes share a model name.
-            let from = bitnet_bench::report::source_gguf_name(&r.report.model.source).unwrap_or("preset".into());
-            let cfg = format!(
-                "{} [{from}] {}/{} B={} ctx={} kv={} t={}",
-                c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
-            );
-            println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
-            series.entry(cfg).or_default().push((i as f64, med));
+/// The run history database (`--db`): with the `history` feature (SQLite, plotters and
+/// bitnet-bench's history module); without it, `--db` is refused with what to rebuild.
+#[cfg(feature = "history")]
+mod stored {
+    use std::process::ExitCode;
+
+    use anyhow::{bail, Context, Result};
+    use bitnet_diff::compare;
+    use bitnet_report::files::write_atomic;
+
+    pub use bitnet_bench::history::latest_of;
+
+    /// Prints the trend of `metric` (its median) over the stored runs, one line per run and
+    /// configuration; with `plot`, draws it (a line per configuration).
+    pub fn history(db: &std::path::Path, metric: &str, plot: Option<&std::path::Path>) -> Result<ExitCode> {
+        let m = compare::metrics()
+            .into_iter()
+            .find(|m| m.name == metric)
+            .with_context(|| format!("--metric {metric}: unknown metric"))?;
+        let runs = bitnet_bench::history::runs(db)?;
+        if runs.is_empty() {
+            bail!("--db {}: no runs stored yet", db.display());
         }
+        println!("{metric} (median) over {} runs of {}", runs.len(), db.display());
+        println!("| run | created_at | commit | configuration | {metric} |");
+        println!("|---|---|---|---|---|");
+        let mut series: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+        for (i, r) in runs.iter().enumerate() {
+            let commit = r.report.tool.git_commit.as_deref().map_or("-".to_string(), |c| c.chars().take(10).collect());
+            for x in &r.report.results {
+                let Some(s) = (m.samples)(x) else { continue };
+                if s.is_empty() {
+                    continue;
+                }
+                let med = bitnet_report::stats::median(&s);
+                let c = &x.config;
+                // The model and where its weights came from (a preset, or a file by name) are part
+                // of the series: one database may hold runs of several, and a preset and a GGUF
+                // file of its shapes share a model name.
+                let from = bitnet_report::report::source_gguf_name(&r.report.model.source).unwrap_or("preset".into());
+                let cfg = format!(
+                    "{} [{from}] {}/{} B={} ctx={} kv={} t={}",
+                    c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
+                );
+                println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
+                series.entry(cfg).or_default().push((i as f64, med));
+            }
+        }
+        if let Some(p) = plot {
+            let svg =
+                bitnet_bench::plots::line_chart(&format!("{metric} over runs"), "run (oldest first)", metric, &series)?;
+            write_atomic(p, svg.as_bytes()).with_context(|| format!("--plot {}", p.display()))?;
+            eprintln!("bitnet-diff: wrote {}", p.display());
+        }
+        Ok(ExitCode::SUCCESS)
     }
-    if let Some(p) = plot {
-        let svg =
-            bitnet_bench::plots::line_chart(&format!("{metric} over runs"), "run (oldest first)", metric, &series)?;
-        bitnet_bench::report::write_atomic(p, svg.as_bytes()).with_context(|| format!("--plot {}", p.display()))?;
-        eprintln!("bitnet-diff: wrote {}", p.display());
+}
+
+#[cfg(not(feature = "history"))]
+mod stored {
+    use std::process::ExitCode;
+
+    use anyhow::{bail, Result};
+    use bitnet_report::Report;
+
+    const MISSING: &str = "this bitnet-diff was built without the `history` feature (SQLite): rebuild it with default features to read a history database";
+
+    pub fn latest_of(db: &std::path::Path, _rev: &str) -> Result<Report> {
+        bail!("--db {}: {MISSING}", db.display())
     }
-    Ok(ExitCode::SUCCESS)
+
+    pub fn history(db: &std::path::Path, _metric: &str, _plot: Option<&std::path::Path>) -> Result<ExitCode> {
+        bail!("--db {}: {MISSING}", db.display())
+    }
 }

@@ -9,8 +9,8 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use bitnet_bench::perplexity::PerplexityResult;
+use anyhow::{bail, Result};
+use bitnet_report::perplexity::PerplexityResult;
 use serde::Serialize;
 
 pub use crate::compare::{Better, Verdict, KL_FLOOR, KL_THRESHOLD, PERPLEXITY_THRESHOLD};
@@ -53,10 +53,7 @@ pub fn is_perplexity_json(v: &serde_json::Value) -> bool {
 
 /// Reads and checks a perplexity result (its schema, then its type).
 pub fn load(path: &Path) -> Result<PerplexityResult> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-    bitnet_bench::perplexity::validate_schema(&v).with_context(|| format!("{}", path.display()))?;
-    serde_json::from_value(v).with_context(|| format!("{}: not a perplexity result", path.display()))
+    Ok(bitnet_report::perplexity::load(path)?)
 }
 
 fn model_line(r: &PerplexityResult) -> String {

@@ -1,8 +1,8 @@
 //! An imported llama-bench report diffed against one of ours: configurations pair by batch,
 //! context, KV precision and threads, since the two tools label models and kernels apart.
 
-use bitnet_bench::report::Report;
 use bitnet_diff::compare::{compare, DEFAULT_METRICS};
+use bitnet_report::report::Report;
 
 fn metrics() -> Vec<String> {
     DEFAULT_METRICS.iter().map(|s| s.to_string()).collect()
@@ -18,7 +18,7 @@ fn llama() -> Report {
 /// a GGUF file of the same name in another directory.
 fn ours(configs: &[(&str, usize, usize)]) -> Report {
     let path = format!("{}/tests/data/aa-a1.json", env!("CARGO_MANIFEST_DIR"));
-    let mut r = bitnet_bench::report::load(std::path::Path::new(&path)).unwrap();
+    let mut r = bitnet_report::load(std::path::Path::new(&path)).unwrap();
     let template = r.results[0].clone();
     assert_eq!((template.config.kv_precision.as_str(), template.config.threads), ("f16", 2));
     r.results = configs
@@ -44,7 +44,7 @@ fn an_imported_llama_bench_report_pairs_with_ours_by_setting() {
     let b = p.base_config.as_ref().expect("across tools the base's own configuration is kept");
     assert_eq!(b.kernel, "llama.cpp");
     assert_eq!(p.metrics.len(), 3, "decode and prefill tokens/s and TTFT are compared");
-    let base_decode = base.results[0].decode.tokens_per_sec.median;
+    let base_decode = base.results[0].decode.tokens_per_sec.median();
     assert_eq!(p.metrics[0].metric, "decode.tokens_per_sec");
     assert_eq!(p.metrics[0].base_median, base_decode);
     // Batch 4 has no llama-bench counterpart.

@@ -3,21 +3,21 @@
 //! bandwidth and reads as a regression, the roofline fraction (each step over a probe taken
 //! right after it) does not, and the comparison says that the probes differ.
 
-use bitnet_bench::report::Report;
-use bitnet_bench::stats::Stat;
 use bitnet_diff::compare::{compare, Verdict};
+use bitnet_report::report::Report;
+use bitnet_report::stats::Stat;
 
 fn base() -> Report {
     let path = format!("{}/tests/data/aa-a1.json", env!("CARGO_MANIFEST_DIR"));
-    let mut r = bitnet_bench::report::load(std::path::Path::new(&path)).unwrap();
+    let mut r = bitnet_report::load(std::path::Path::new(&path)).unwrap();
     // Four roofline passes per result (one per run) of four steps: one fraction per decode
     // step, each step over its own probe, and each pass's median.
     for (i, x) in r.results.iter_mut().enumerate() {
         x.decode.step_fractions = (0..16).map(|k| 0.80 + 0.01 * ((k * 3 + i) % 5) as f64).collect();
         x.decode.probes_gbps = vec![30.0; 16];
         x.decode.pass_fractions =
-            x.decode.step_fractions.chunks(4).map(|c| bitnet_bench::stats::percentile(c, 50.0)).collect();
-        x.decode.roofline_fraction = bitnet_bench::stats::percentile(&x.decode.step_fractions, 50.0);
+            x.decode.step_fractions.chunks(4).map(|c| bitnet_report::stats::percentile(c, 50.0)).collect();
+        x.decode.roofline_fraction = bitnet_report::stats::percentile(&x.decode.step_fractions, 50.0);
     }
     r
 }
@@ -31,7 +31,7 @@ fn on_slower_host(r: &Report, f: f64) -> Report {
     }
     n.roofline.read_bandwidth_gbps *= f;
     for x in &mut n.results {
-        let s: Vec<f64> = x.decode.tokens_per_sec.samples.iter().map(|v| v * f).collect();
+        let s: Vec<f64> = x.decode.tokens_per_sec.samples().iter().map(|v| v * f).collect();
         x.decode.tokens_per_sec = Stat::of(&s);
         x.decode.probes_gbps.iter_mut().for_each(|p| *p *= f);
     }

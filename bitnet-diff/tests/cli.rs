@@ -34,7 +34,7 @@ fn scale_samples(v: &mut serde_json::Value, f: f64) {
     for r in v["results"].as_array_mut().unwrap() {
         let s = &mut r["decode"]["tokens_per_sec"];
         let samples: Vec<f64> = s["samples"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() * f).collect();
-        let st = bitnet_bench::stats::Stat::of(&samples);
+        let st = bitnet_report::stats::Stat::of(&samples);
         *s = serde_json::to_value(st).unwrap();
     }
 }
@@ -200,7 +200,7 @@ fn added_removed_and_environment() {
         let s = &mut v["results"][0]["decode"]["tokens_per_sec"];
         let mut samples: Vec<f64> = s["samples"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         samples[0] = 0.0;
-        *s = serde_json::to_value(bitnet_bench::stats::Stat::of(&samples)).unwrap();
+        *s = serde_json::to_value(bitnet_report::stats::Stat::of(&samples)).unwrap();
     });
     let (code, out, err) = run(&[&data("quiet.json"), &zero]);
     assert_eq!(code, 0, "{err}");
@@ -256,18 +256,19 @@ fn malformed_inputs_exit_2_with_the_file_and_json_path() {
     }
 }
 
+#[cfg(feature = "history")]
 #[test]
 fn history_database_compares_commits_and_prints_a_trend() {
     let dir = tmp("db");
     let d = dir.path();
     let db = d.join("history.sqlite");
-    let quiet = bitnet_bench::report::load(std::path::Path::new(&data("quiet.json"))).unwrap();
+    let quiet = bitnet_report::load(std::path::Path::new(&data("quiet.json"))).unwrap();
     for (commit, f) in [("aaaa1111", 1.0), ("bbbb2222", 0.75), ("cccc3333", 0.8)] {
         let mut r = quiet.clone();
         r.tool.git_commit = Some(commit.into());
         for x in &mut r.results {
-            let s: Vec<f64> = x.decode.tokens_per_sec.samples.iter().map(|v| v * f).collect();
-            x.decode.tokens_per_sec = bitnet_bench::stats::Stat::of(&s);
+            let s: Vec<f64> = x.decode.tokens_per_sec.samples().iter().map(|v| v * f).collect();
+            x.decode.tokens_per_sec = bitnet_report::stats::Stat::of(&s);
         }
         bitnet_bench::history::append(&db, &r).unwrap();
     }

@@ -3,13 +3,13 @@
 //! the compute fraction (each run over its own report's int8 peak) does not, and the
 //! comparison says that the peaks differ.
 
-use bitnet_bench::report::{peak_key, Report};
-use bitnet_bench::stats::Stat;
 use bitnet_diff::compare::{compare, compute_peak_notes, Verdict};
+use bitnet_report::stats::Stat;
+use bitnet_report::{roofline::peak_key, Report};
 
 fn base() -> Report {
     let path = format!("{}/tests/data/aa-a1.json", env!("CARGO_MANIFEST_DIR"));
-    let mut r = bitnet_bench::report::load(std::path::Path::new(&path)).unwrap();
+    let mut r = bitnet_report::load(std::path::Path::new(&path)).unwrap();
     let keys: Vec<String> = r.results.iter().map(|x| peak_key(&x.config.isa, x.config.threads)).collect();
     for k in keys {
         r.roofline.int8_peak_gmacs.insert(k, 400.0);
@@ -17,10 +17,10 @@ fn base() -> Report {
     for x in &mut r.results {
         x.decode.macs_per_step = 2_000_000_000 * x.config.batch as u64;
         // Runs within 1% of each other, so that equal samples read as unchanged.
-        let m = x.decode.tokens_per_sec.median;
+        let m = x.decode.tokens_per_sec.median();
         x.decode.tokens_per_sec = Stat::of(&[m, 1.01 * m, 0.99 * m, 1.005 * m]);
     }
-    r.refresh_compute_fractions();
+    r.refresh_derived();
     r
 }
 
@@ -29,10 +29,10 @@ fn on_slower_cores(r: &Report, f: f64) -> Report {
     let mut n = r.clone();
     n.roofline.int8_peak_gmacs.values_mut().for_each(|g| *g *= f);
     for x in &mut n.results {
-        let s: Vec<f64> = x.decode.tokens_per_sec.samples.iter().map(|v| v * f).collect();
+        let s: Vec<f64> = x.decode.tokens_per_sec.samples().iter().map(|v| v * f).collect();
         x.decode.tokens_per_sec = Stat::of(&s);
     }
-    n.refresh_compute_fractions();
+    n.refresh_derived();
     n
 }
 
@@ -66,7 +66,7 @@ fn slower_cores_are_named_and_the_compute_fraction_does_not_move() {
     none.roofline.int8_peak_gmacs.clear();
     assert!(compute_peak_notes(&none, &n, 0.05).is_empty());
     // A report without the fraction has nothing to compare for it: listed as not compared.
-    none.refresh_compute_fractions();
+    none.refresh_derived();
     let c = compare(&none, &n, ("a", "b"), &metrics(), 0.05, 1).unwrap();
     assert!(c.pairs.iter().all(|p| p.metrics.iter().all(|m| m.metric != "decode.compute_fraction")));
     assert_eq!(c.not_compared.iter().filter(|x| x.contains("decode.compute_fraction")).count(), c.pairs.len());

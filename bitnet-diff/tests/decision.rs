@@ -5,14 +5,14 @@
 //!   known factors;
 //! - synthetic reports with 2% log-normal noise, where every configuration must be resolved.
 
-use bitnet_bench::report::{self, Report};
-use bitnet_bench::stats::Stat;
 use bitnet_diff::compare::{compare, decide, Better, DEFAULT_METRICS};
 use bitnet_diff::Verdict;
+use bitnet_report::report::Report;
+use bitnet_report::stats::Stat;
 use proptest::prelude::*;
 
 fn load(name: &str) -> Report {
-    report::load(std::path::Path::new(&format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR")))).unwrap()
+    bitnet_report::load(std::path::Path::new(&format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR")))).unwrap()
 }
 
 fn metrics() -> Vec<String> {
@@ -22,7 +22,7 @@ fn metrics() -> Vec<String> {
 /// A copy whose throughputs are multiplied by `f` and whose times are divided by it.
 fn scaled(r: &Report, f: f64) -> Report {
     let mut r = r.clone();
-    let scale = |s: &Stat, k: f64| Stat::of(&s.samples.iter().map(|v| v * k).collect::<Vec<_>>());
+    let scale = |s: &Stat, k: f64| Stat::of(&s.samples().iter().map(|v| v * k).collect::<Vec<_>>());
     for x in &mut r.results {
         x.decode.tokens_per_sec = scale(&x.decode.tokens_per_sec, f);
         x.prefill.tokens_per_sec = scale(&x.prefill.tokens_per_sec, f);
@@ -42,13 +42,13 @@ fn a_a_reports_flag_nothing() {
 }
 
 /// Coefficient of variation of a metric's base samples.
-fn noise(r: &bitnet_bench::report::BenchResult, metric: &str) -> f64 {
+fn noise(r: &bitnet_report::report::BenchResult, metric: &str) -> f64 {
     let s = match metric {
         "decode.tokens_per_sec" => &r.decode.tokens_per_sec,
         "prefill.tokens_per_sec" => &r.prefill.tokens_per_sec,
         _ => &r.prefill.ttft_ms,
     };
-    s.stddev / s.mean
+    s.stddev() / s.mean()
 }
 
 /// Every metric gets `want`, except one too noisy (over 5% variation) to resolve 10% with 10
@@ -98,7 +98,7 @@ fn synthetic(factor: f64, seed: u64) -> Report {
     };
     for x in &mut r.results {
         let mut gen =
-            |s: &Stat, k: f64| Stat::of(&(0..10).map(|_| s.median * k * (0.02 * normal()).exp()).collect::<Vec<_>>());
+            |s: &Stat, k: f64| Stat::of(&(0..10).map(|_| s.median() * k * (0.02 * normal()).exp()).collect::<Vec<_>>());
         x.decode.tokens_per_sec = gen(&x.decode.tokens_per_sec, factor);
         x.prefill.tokens_per_sec = gen(&x.prefill.tokens_per_sec, factor);
         x.prefill.ttft_ms = gen(&x.prefill.ttft_ms, 1.0 / factor);

@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicBool;
 
 use bitnet_bench::perplexity::{
     base_top_k, fed_tokens_hash, perplexity, Kl, KlBaseReader, KlBaseWriter, KlHeader, PerplexityOptions,
-    PerplexityResult,
 };
 use bitnet_engine::model::FfnActivation;
 use bitnet_engine::{KvPrecision, Model};
+use bitnet_report::perplexity::PerplexityResult;
 
 const CTX: usize = 128;
 /// The trained model's BOS (`<|begin_of_text|>`, id 0).

@@ -32,7 +32,6 @@ pub mod aligned;
 pub mod attention;
 pub mod cpu;
 pub mod error;
-pub mod files;
 pub mod formats;
 pub mod gguf;
 pub mod instrument;

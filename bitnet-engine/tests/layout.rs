@@ -7,12 +7,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Module → the modules it may import (`crate::name`), lowest layer first. Leaves (`error`,
-/// `aligned`, `rng`, `files`, `instrument`) import nothing of the crate.
+/// `aligned`, `rng`, `instrument`) import nothing of the crate.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("error", &[]),
     ("aligned", &[]),
     ("rng", &[]),
-    ("files", &[]),
     ("instrument", &[]),
     ("cpu", &["error"]),
     ("ternary", &["error", "rng"]),

@@ -171,7 +171,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             "bitnet-trace diff",
             &mut svg,
         )?;
-        bitnet_engine::files::write_atomic(&output, &svg).with_context(|| format!("-o {}", output.display()))?;
+        bitnet_report::files::write_atomic(&output, &svg).with_context(|| format!("-o {}", output.display()))?;
         eprintln!("bitnet-trace: wrote {}", output.display());
         return Ok(ExitCode::SUCCESS);
     }

@@ -22,19 +22,6 @@ pub struct LevelResult {
 
 pub const LEVELS: [Level; 3] = [Level::Off, Level::Aggregate, Level::Timeline];
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 /// Runs `rounds` rounds of `steps` decode steps at each level; returns the results and the
 /// kernel that ran (`--kernel`, or the one for the model's weights).
 pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<(Vec<LevelResult>, Kernel)> {
@@ -86,7 +73,7 @@ pub fn measure(opts: &TraceOptions, rounds: usize, steps: usize) -> Result<(Vec<
         .zip(samples)
         .map(|(&level, s)| {
             let ratios: Vec<f64> = s.iter().zip(&off).map(|(a, b)| a / b).collect();
-            LevelResult { level, ratio_to_off: median(&ratios), tokens_per_sec: s }
+            LevelResult { level, ratio_to_off: bitnet_report::stats::median(&ratios), tokens_per_sec: s }
         })
         .collect();
     Ok((results, kernel))
@@ -101,7 +88,7 @@ pub fn table(results: &[LevelResult], what: &str) -> String {
         o.push_str(&format!(
             "| {:<9} | {:>12.2} | {:>14.2} | {:>14.2} | {:>19.4} | {:>7.2}% |\n",
             r.level.name(),
-            median(&r.tokens_per_sec),
+            bitnet_report::stats::median(&r.tokens_per_sec),
             min,
             max,
             r.ratio_to_off,

@@ -9,8 +9,9 @@ The source report was measured on the project's machine kind with
 
 Its runs alternate between the two fixtures (odd runs to a1, even runs to a2), as the CI
 workflow interleaves base and head runs: two reports of the same build on the same machine,
-measured over the same minutes, so the machine's drift is shared. Statistics are recomputed
-from the samples exactly as bitnet-bench computes them.
+measured over the same minutes, so the machine's drift is shared. Statistics and the roofline
+fraction are recomputed from the samples exactly as bitnet-bench computes them (bitnet-report
+recomputes them again when it reads the files).
 
 Usage: make_aa.py aa-source.json OUTDIR
 """
@@ -56,6 +57,11 @@ def main():
             x["decode"]["latency_ms"] = {"p50": percentile(mine, 50), "p90": percentile(mine, 90),
                                          "p95": percentile(mine, 95), "p99": percentile(mine, 99),
                                          "samples": mine}
+            # The roofline fraction follows this half's median (without step probes).
+            bw = r["roofline"]["by_threads"].get(str(x["config"]["threads"]), 0)
+            if not x["decode"].get("step_fractions") and bw > 0:
+                x["decode"]["roofline_fraction"] = (x["decode"]["bytes_per_step"] * x["decode"]["tokens_per_sec"]["median"]
+                                                    / x["config"]["batch"] / (bw * 1e9))
         json.dump(r, open(f"{sys.argv[2]}/{name}", "w"), indent=2)
         open(f"{sys.argv[2]}/{name}", "a").write("\n")
 

@@ -1,10 +1,10 @@
 //! reports/README.md's field reference is the schema's, made by `report_fields`: a field added,
 //! removed or redocumented in the `Report` type shows here until the page is regenerated
-//! (`UPDATE_GOLDEN=1 cargo test -p bitnet-bench --test report_fields`).
+//! (`UPDATE_GOLDEN=1 cargo test -p bitnet-report --test report_fields`).
 
-use bitnet_bench::{report, report_fields};
+use bitnet_report::{report, report_fields};
 
-const BEGIN: &str = "<!-- Generated from the schema by `UPDATE_GOLDEN=1 cargo test -p bitnet-bench --test report_fields`: do not edit below by hand. -->\n";
+const BEGIN: &str = "<!-- Generated from the schema by `UPDATE_GOLDEN=1 cargo test -p bitnet-report --test report_fields`: do not edit below by hand. -->\n";
 
 #[test]
 fn the_readme_field_reference_is_the_schemas() {
