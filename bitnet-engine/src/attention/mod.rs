@@ -27,11 +27,11 @@ use crate::simd::x86_avx512::Avx512;
 pub(crate) fn attention_scores<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx512::new() {
-        return K::scores_avx512(t, q, keys, scale, out, ahead);
+        return x86_avx512::attention_scores(t, q, keys, scale, out, ahead);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx2::new() {
-        return K::scores_avx2(t, q, keys, scale, out, ahead);
+        return x86_avx2::attention_scores(t, q, keys, scale, out, ahead);
     }
     let _ = ahead;
     attention_scores_portable(q, keys, scale, out)
@@ -66,9 +66,9 @@ pub(crate) fn attention_scores_group<K: KeyElem>(
     let (hd, n) = (qs.len() / heads, out.len() / heads);
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx512::new() {
-        return K::scores_group_avx512(t, qs, heads, keys, scale, out, ahead);
+        return x86_avx512::attention_scores_group(t, qs, heads, keys, scale, out, ahead);
     } else if let Some(t) = Avx2::new() {
-        return K::scores_group_avx2(t, qs, keys, scale, out, n, ahead);
+        return x86_avx2::attention_scores_group(t, qs, keys, scale, out, n, ahead);
     }
     // n.max(1): no positions is no scores to write (chunks of 0 would panic).
     for (g, (q, o)) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))).enumerate() {
@@ -107,9 +107,9 @@ pub(crate) fn attention_weighted_sum_group<K: KeyElem>(
     let (n, hd) = (ws.len() / heads, os.len() / heads);
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx512::new() {
-        return K::axpy_group_avx512(t, ws, heads, values, os, ahead);
+        return x86_avx512::attention_axpy_group(t, ws, heads, values, os, ahead);
     } else if let Some(t) = Avx2::new() {
-        return K::axpy_group_avx2(t, ws, n, values, os, hd, ahead);
+        return x86_avx2::attention_axpy_group(t, ws, n, values, os, hd, ahead);
     }
     for (g, (w, o)) in ws.chunks_exact(n.max(1)).zip(os.chunks_exact_mut(hd)).enumerate() {
         attention_weighted_sum(&w[..n], values, o, if g == 0 { ahead } else { &[] });
@@ -141,11 +141,11 @@ pub(crate) const MAX_HEAD_DIM: usize = 512;
 pub(crate) fn attention_weighted_sum<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx512::new() {
-        return K::axpy_avx512(t, w, values, o, ahead);
+        return x86_avx512::attention_axpy(t, w, values, o, ahead);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = Avx2::new() {
-        return K::axpy_avx2(t, w, values, o, ahead);
+        return x86_avx2::attention_axpy(t, w, values, o, ahead);
     }
     let _ = ahead;
     attention_weighted_sum_portable(w, values, o)
@@ -381,37 +381,23 @@ pub(crate) fn attention_weighted_sum_encoded_portable(
     with_const_precision!(precision, each(w, values, o, ahead, buf))
 }
 
-/// Element types of cached keys and values that attention reads in place.
-pub(crate) trait KeyElem: Copy {
+/// The register loads every compiled ISA's kernels need from a KV element type (each ISA file
+/// defines its own: `x86_avx2::Lanes8`, `x86_avx512::Lanes16`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait SimdLanes: x86_avx2::Lanes8 + x86_avx512::Lanes16 {}
+#[cfg(target_arch = "x86_64")]
+impl<T: x86_avx2::Lanes8 + x86_avx512::Lanes16> SimdLanes for T {}
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait SimdLanes {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> SimdLanes for T {}
+
+/// Element types of cached keys and values that attention reads in place (f32, f16): the
+/// kernels are generic over it, through each ISA's loads ([`SimdLanes`]) and, for the portable
+/// path, a row's conversion to f32.
+pub(crate) trait KeyElem: Copy + SimdLanes {
     /// `dst[i] = src[i]` as f32, exactly (`dst.len() == src.len()`).
     fn row_to_f32(src: &[Self], dst: &mut [f32]);
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: Avx512, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: Avx512, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    fn scores_group_avx512(
-        t: Avx512,
-        qs: &[f32],
-        heads: usize,
-        keys: &[Self],
-        scale: f32,
-        out: &mut [f32],
-        ahead: &[Self],
-    );
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_group_avx512(t: Avx512, ws: &[f32], heads: usize, values: &[Self], os: &mut [f32], ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx2(t: Avx2, q: &[f32], keys: &[Self], scale: f32, out: &mut [f32], ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx2(t: Avx2, w: &[f32], values: &[Self], o: &mut [f32], ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    fn scores_group_avx2(t: Avx2, qs: &[f32], keys: &[Self], scale: f32, out: &mut [f32], n: usize, ahead: &[Self]);
-    #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    fn axpy_group_avx2(t: Avx2, ws: &[f32], n: usize, values: &[Self], os: &mut [f32], hd: usize, ahead: &[Self]);
 }
 
 impl KeyElem for f32 {
@@ -419,115 +405,12 @@ impl KeyElem for f32 {
     fn row_to_f32(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: Avx512, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
-        x86_avx512::attention_scores_f32(t, q, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: Avx512, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
-        x86_avx512::attention_axpy_f32(t, w, values, o, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_group_avx512(
-        t: Avx512,
-        qs: &[f32],
-        heads: usize,
-        keys: &[f32],
-        scale: f32,
-        out: &mut [f32],
-        ahead: &[f32],
-    ) {
-        x86_avx512::attention_scores_group_f32(t, qs, heads, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_group_avx512(t: Avx512, ws: &[f32], heads: usize, values: &[f32], os: &mut [f32], ahead: &[f32]) {
-        x86_avx512::attention_axpy_group_f32(t, ws, heads, values, os, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx2(t: Avx2, q: &[f32], keys: &[f32], scale: f32, out: &mut [f32], ahead: &[f32]) {
-        x86_avx2::attention_scores_f32(t, q, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx2(t: Avx2, w: &[f32], values: &[f32], o: &mut [f32], ahead: &[f32]) {
-        x86_avx2::attention_axpy_f32(t, w, values, o, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_group_avx2(t: Avx2, qs: &[f32], keys: &[f32], scale: f32, out: &mut [f32], n: usize, ahead: &[f32]) {
-        x86_avx2::attention_scores_group_f32(t, qs, keys, scale, out, n, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_group_avx2(t: Avx2, ws: &[f32], n: usize, values: &[f32], os: &mut [f32], hd: usize, ahead: &[f32]) {
-        x86_avx2::attention_axpy_group_f32(t, ws, n, values, os, hd, ahead)
-    }
 }
 
 impl KeyElem for half::f16 {
     #[inline(always)]
     fn row_to_f32(src: &[half::f16], dst: &mut [f32]) {
         half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx512(t: Avx512, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32], ahead: &[half::f16]) {
-        x86_avx512::attention_scores_f16(t, q, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx512(t: Avx512, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
-        x86_avx512::attention_axpy_f16(t, w, values, o, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_group_avx512(
-        t: Avx512,
-        qs: &[f32],
-        heads: usize,
-        keys: &[half::f16],
-        scale: f32,
-        out: &mut [f32],
-        ahead: &[half::f16],
-    ) {
-        x86_avx512::attention_scores_group_f16(t, qs, heads, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_group_avx512(
-        t: Avx512,
-        ws: &[f32],
-        heads: usize,
-        values: &[half::f16],
-        os: &mut [f32],
-        ahead: &[half::f16],
-    ) {
-        x86_avx512::attention_axpy_group_f16(t, ws, heads, values, os, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_avx2(t: Avx2, q: &[f32], keys: &[half::f16], scale: f32, out: &mut [f32], ahead: &[half::f16]) {
-        x86_avx2::attention_scores_f16(t, q, keys, scale, out, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_avx2(t: Avx2, w: &[f32], values: &[half::f16], o: &mut [f32], ahead: &[half::f16]) {
-        x86_avx2::attention_axpy_f16(t, w, values, o, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn scores_group_avx2(
-        t: Avx2,
-        qs: &[f32],
-        keys: &[half::f16],
-        scale: f32,
-        out: &mut [f32],
-        n: usize,
-        ahead: &[half::f16],
-    ) {
-        x86_avx2::attention_scores_group_f16(t, qs, keys, scale, out, n, ahead)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn axpy_group_avx2(
-        t: Avx2,
-        ws: &[f32],
-        n: usize,
-        values: &[half::f16],
-        os: &mut [f32],
-        hd: usize,
-        ahead: &[half::f16],
-    ) {
-        x86_avx2::attention_axpy_group_f16(t, ws, n, values, os, hd, ahead)
     }
 }
 
@@ -718,11 +601,11 @@ mod tests {
                     // The AVX2 entry points directly (what the dispatch skips on AVX-512 CPUs).
                     #[cfg(target_arch = "x86_64")]
                     if let Some(t) = super::Avx2::new() {
-                        super::x86_avx2::attention_scores_group_f16(t, &qs, &k16, 0.125, &mut a, n, &[]);
+                        super::x86_avx2::attention_scores_group(t, &qs, &k16, 0.125, &mut a, n, &[]);
                         super::attention_scores_group_portable(&qs, &k16, 0.125, &mut b, n);
                         assert_eq!(bits(&a), bits(&b), "AVX2 f16 scores, {case}");
                         let (mut oa, mut ob) = (o0.clone(), o0.clone());
-                        super::x86_avx2::attention_axpy_group_f32(t, &ws, n, &k32, &mut oa, hd, &[]);
+                        super::x86_avx2::attention_axpy_group(t, &ws, n, &k32, &mut oa, hd, &[]);
                         super::attention_weighted_sum_group_portable(&ws, n, &k32, &mut ob, hd);
                         assert_eq!(bits(&oa), bits(&ob), "AVX2 f32 sums, {case}");
                     }
@@ -784,17 +667,17 @@ mod tests {
                 assert_eq!(bits(&b), bits(&one_at_a_time), "f16 row conversion, hd {hd} n {n}");
                 #[cfg(target_arch = "x86_64")]
                 if let Some(t) = super::Avx2::new() {
-                    super::x86_avx2::attention_scores_f32(t, &q, &k32, 0.125, &mut a, &k32[..9]);
+                    super::x86_avx2::attention_scores(t, &q, &k32, 0.125, &mut a, &k32[..9]);
                     super::attention_scores_portable(&q, &k32, 0.125, &mut b);
                     assert_eq!(bits(&a), bits(&b), "AVX2 f32 scores hd {hd} n {n}");
-                    super::x86_avx2::attention_scores_f16(t, &q, &k16, 0.125, &mut a, &k16[..3]);
+                    super::x86_avx2::attention_scores(t, &q, &k16, 0.125, &mut a, &k16[..3]);
                     assert_eq!(bits(&a), bits(&one_at_a_time), "AVX2 f16 scores hd {hd} n {n}");
                     let (mut oa, mut ob) = (q.clone(), q.clone());
-                    super::x86_avx2::attention_axpy_f16(t, &w, &k16, &mut oa, &[]);
+                    super::x86_avx2::attention_axpy(t, &w, &k16, &mut oa, &[]);
                     super::attention_weighted_sum_portable(&w, &k16, &mut ob);
                     assert_eq!(bits(&oa), bits(&ob), "AVX2 f16 sum hd {hd} n {n}");
                     let (mut oa, mut ob) = (q.clone(), q.clone());
-                    super::x86_avx2::attention_axpy_f32(t, &w, &k32, &mut oa, &k32[..5]);
+                    super::x86_avx2::attention_axpy(t, &w, &k32, &mut oa, &k32[..5]);
                     super::attention_weighted_sum_portable(&w, &k32, &mut ob);
                     assert_eq!(bits(&oa), bits(&ob), "AVX2 f32 sum hd {hd} n {n}");
                 }

@@ -3,10 +3,11 @@
 
 use std::arch::x86_64::*;
 
+use super::KeyElem;
 use crate::simd::x86_avx2::*;
 
 /// Eight key or value elements as f32 from `p` (f32, or f16 through F16C).
-trait Lanes8: Copy {
+pub(crate) trait Lanes8: Copy {
     unsafe fn load8(p: *const Self) -> __m256;
 }
 
@@ -24,25 +25,17 @@ impl Lanes8 for half::f16 {
     }
 }
 
-macro_rules! attention_avx2_entry {
-    ($($scores:ident, $axpy:ident: $t:ty;)*) => {$(
-        /// Attention scores without AVX-512: [`scores_impl`] for this element type.
-        pub(crate) fn $scores(_t: Avx2, q: &[f32], keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            // SAFETY: the token proves AVX2 and F16C; `keys` holds `out.len()` rows of `q.len()`
-            // (checked inside), and every load is inside a row.
-            unsafe { scores_impl(q, keys, scale, out, ahead) }
-        }
-        /// The attention's weighted sum without AVX-512: [`axpy_impl`] for this element type.
-        pub(crate) fn $axpy(_t: Avx2, w: &[f32], values: &[$t], o: &mut [f32], ahead: &[$t]) {
-            // SAFETY: as for the scores; `values` holds `w.len()` rows of `o.len()`.
-            unsafe { axpy_impl(w, values, o, ahead) }
-        }
-    )*};
+/// Attention scores without AVX-512: [`scores_impl`].
+pub(crate) fn attention_scores<K: KeyElem>(_t: Avx2, q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+    // SAFETY: the token proves AVX2 and F16C; `keys` holds `out.len()` rows of `q.len()`
+    // (checked inside), and every load is inside a row.
+    unsafe { scores_impl(q, keys, scale, out, ahead) }
 }
 
-attention_avx2_entry! {
-    attention_scores_f32, attention_axpy_f32: f32;
-    attention_scores_f16, attention_axpy_f16: half::f16;
+/// The attention's weighted sum without AVX-512: [`axpy_impl`].
+pub(crate) fn attention_axpy<K: KeyElem>(_t: Avx2, w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+    // SAFETY: as for the scores; `values` holds `w.len()` rows of `o.len()`.
+    unsafe { axpy_impl(w, values, o, ahead) }
 }
 
 /// `out[p] = attention_dot(q, k_p) × scale`, bit-identical to the portable `attention_dot`: its
@@ -50,7 +43,7 @@ attention_avx2_entry! {
 /// (one fused multiply-add each), and [`reduce16`] is its reduction tree. Head sizes that are not a multiple of 16 take
 /// the portable loop.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_impl<K: Lanes8 + super::KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+unsafe fn scores_impl<K: KeyElem>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
     let hd = q.len();
     assert!(keys.len() >= out.len() * hd, "attention: fewer keys than scores");
     if !hd.is_multiple_of(16) {
@@ -83,7 +76,7 @@ unsafe fn reduce16(a: __m256, b: __m256) -> f32 {
 /// with up to 64 outputs held in registers while the positions stream past. Head sizes that are
 /// not a multiple of 8 take the portable loop.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_impl<K: Lanes8 + super::KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+unsafe fn axpy_impl<K: KeyElem>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
     let hd = o.len();
     assert!(values.len() >= w.len() * hd, "attention: fewer values than weights");
     if !hd.is_multiple_of(8) {
@@ -130,38 +123,46 @@ unsafe fn axpy_block<K: Lanes8, const C: usize>(
     }
 }
 
-macro_rules! attention_group_avx2_entry {
-    ($($scores:ident, $axpy:ident: $t:ty;)*) => {$(
-        /// Scores of a group of query heads over one KV head's keys, one pass: [`scores_group_impl`].
-        pub(crate) fn $scores(_t: Avx2, qs: &[f32], keys: &[$t], scale: f32, out: &mut [f32], n: usize, ahead: &[$t]) {
-            // SAFETY: the token proves AVX2 and F16C; the sizes are checked inside and every
-            // load is inside a key row or a query.
-            unsafe {
-                match if n == 0 { 0 } else { out.len() / n } {
-                    2 => scores_group_impl::<$t, 2>(qs, keys, scale, out, n, ahead),
-                    4 => scores_group_impl::<$t, 4>(qs, keys, scale, out, n, ahead),
-                    _ => super::attention_scores_group_portable(qs, keys, scale, out, n),
-                }
-            }
+/// Scores of a group of query heads over one KV head's keys, one pass: [`scores_group_impl`].
+pub(crate) fn attention_scores_group<K: KeyElem>(
+    _t: Avx2,
+    qs: &[f32],
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    n: usize,
+    ahead: &[K],
+) {
+    // SAFETY: the token proves AVX2 and F16C; the sizes are checked inside and every load is
+    // inside a key row or a query.
+    unsafe {
+        match out.len().checked_div(n).unwrap_or(0) {
+            2 => scores_group_impl::<K, 2>(qs, keys, scale, out, n, ahead),
+            4 => scores_group_impl::<K, 4>(qs, keys, scale, out, n, ahead),
+            _ => super::attention_scores_group_portable(qs, keys, scale, out, n),
         }
-        /// The weighted sums of a group of query heads over one KV head's values, one pass:
-        /// [`axpy_group_impl`].
-        pub(crate) fn $axpy(_t: Avx2, ws: &[f32], n: usize, values: &[$t], os: &mut [f32], hd: usize, ahead: &[$t]) {
-            // SAFETY: as for the scores; `values` holds `n` rows of `hd`.
-            unsafe {
-                match os.len() / hd.max(1) {
-                    2 => axpy_group_impl::<$t, 2>(ws, n, values, os, hd, ahead),
-                    4 => axpy_group_impl::<$t, 4>(ws, n, values, os, hd, ahead),
-                    _ => super::attention_weighted_sum_group_portable(ws, n, values, os, hd),
-                }
-            }
-        }
-    )*};
+    }
 }
 
-attention_group_avx2_entry! {
-    attention_scores_group_f32, attention_axpy_group_f32: f32;
-    attention_scores_group_f16, attention_axpy_group_f16: half::f16;
+/// The weighted sums of a group of query heads over one KV head's values, one pass:
+/// [`axpy_group_impl`].
+pub(crate) fn attention_axpy_group<K: KeyElem>(
+    _t: Avx2,
+    ws: &[f32],
+    n: usize,
+    values: &[K],
+    os: &mut [f32],
+    hd: usize,
+    ahead: &[K],
+) {
+    // SAFETY: as for the scores; `values` holds `n` rows of `hd`.
+    unsafe {
+        match os.len() / hd.max(1) {
+            2 => axpy_group_impl::<K, 2>(ws, n, values, os, hd, ahead),
+            4 => axpy_group_impl::<K, 4>(ws, n, values, os, hd, ahead),
+            _ => super::attention_weighted_sum_group_portable(ws, n, values, os, hd),
+        }
+    }
 }
 
 /// [`scores_impl`] for G query heads (`qs`: G rows of hd) over the same keys: each key chunk is
@@ -169,7 +170,7 @@ attention_group_avx2_entry! {
 /// added in the same order as [`scores_impl`]'s, so `out[g·n + p]` is bit-identical to head g
 /// alone. Grouped-query attention reads a KV head once per step instead of once per query head.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
+unsafe fn scores_group_impl<K: KeyElem, const G: usize>(
     qs: &[f32],
     keys: &[K],
     scale: f32,
@@ -212,7 +213,7 @@ const AXPY_GROUP_POSITIONS: usize = 256;
 /// bit-identical to [`axpy_impl`]'s. Sixteen outputs (two chunks) of each of up to four heads
 /// are held in registers; positions go in blocks of [`AXPY_GROUP_POSITIONS`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_group_impl<K: Lanes8 + super::KeyElem, const G: usize>(
+unsafe fn axpy_group_impl<K: KeyElem, const G: usize>(
     ws: &[f32],
     n: usize,
     values: &[K],

@@ -188,11 +188,11 @@ unsafe fn axpy_encoded<R: KvRowReader>(w: &[f32], values: R, o: &mut [f32], ahea
 // reduced as 8+8, 4+4, 2+2, 1+1. Results are therefore identical to the portable path.
 
 /// Sixteen key elements as f32 from `p` (f32 or f16), `n` ≤ 16 valid, the rest 0.
-trait Lanes: Copy {
+pub(crate) trait Lanes16: Copy {
     unsafe fn load16(p: *const Self, n: usize) -> __m512;
 }
 
-impl Lanes for f32 {
+impl Lanes16 for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const f32, n: usize) -> __m512 {
         if n == 16 {
@@ -203,7 +203,7 @@ impl Lanes for f32 {
     }
 }
 
-impl Lanes for half::f16 {
+impl Lanes16 for half::f16 {
     #[inline(always)]
     unsafe fn load16(p: *const half::f16, n: usize) -> __m512 {
         let raw = if n == 16 {
@@ -258,7 +258,7 @@ struct PlainRows<K> {
     hd: usize,
 }
 
-impl<K: Lanes> KvRowReader for PlainRows<K> {
+impl<K: Lanes16> KvRowReader for PlainRows<K> {
     type Row = *const K;
     #[inline(always)]
     fn row_bytes(&self) -> usize {
@@ -815,83 +815,86 @@ unsafe fn axpy_heads<R: KvRowReader, A, const H: usize, const C: usize>(
     H
 }
 
-macro_rules! attention_entry {
-    ($scores:ident, $axpy:ident, $t:ty, $si:ident, $ai:ident) => {
-        pub(crate) fn $scores(_t: Avx512, q: &[f32], keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            assert!(keys.len() >= out.len() * q.len());
-            // SAFETY: the token proves AVX-512 F/BW/VL/F16C; loads stay inside `q` and `keys`
-            // (masked for the last partial chunk), as the assert above guarantees; `ahead` is
-            // only prefetched, which never faults.
-            unsafe { $si(q, keys, scale, out, ahead) }
-        }
-        pub(crate) fn $axpy(_t: Avx512, w: &[f32], values: &[$t], o: &mut [f32], ahead: &[$t]) {
-            assert!(values.len() >= w.len() * o.len());
-            // SAFETY: as above, for `w`, `values` and `o`.
-            unsafe { $ai(w, values, o, ahead) }
-        }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $si(q: &[f32], keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            scores_impl(q, PlainRows { p: keys.as_ptr(), hd: q.len() }, scale, out, ahead)
-        }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $ai(w: &[f32], values: &[$t], o: &mut [f32], ahead: &[$t]) {
-            axpy_impl(w, PlainRows { p: values.as_ptr(), hd: o.len() }, o, ahead)
-        }
-    };
+/// Attention scores over f32 or f16 key rows: [`scores_impl`].
+pub(crate) fn attention_scores<K: Lanes16>(
+    _t: Avx512,
+    q: &[f32],
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[K],
+) {
+    assert!(keys.len() >= out.len() * q.len());
+    // SAFETY: the token proves AVX-512 F/BW/VL/F16C; loads stay inside `q` and `keys` (masked
+    // for the last partial chunk), as the assert above guarantees; `ahead` is only
+    // prefetched, which never faults.
+    unsafe { scores_plain(q, keys, scale, out, ahead) }
 }
 
-attention_entry!(attention_scores_f32, attention_axpy_f32, f32, scores_f32_impl, axpy_f32_impl);
-attention_entry!(attention_scores_f16, attention_axpy_f16, half::f16, scores_f16_impl, axpy_f16_impl);
-
-macro_rules! attention_group_entry {
-    ($scores:ident, $axpy:ident, $t:ty, $si:ident, $ai:ident) => {
-        /// [`scores_group_impl`]: `heads` rows of `qs` over the keys, into `heads` rows of `out`.
-        pub(crate) fn $scores(
-            _t: Avx512,
-            qs: &[f32],
-            heads: usize,
-            keys: &[$t],
-            scale: f32,
-            out: &mut [f32],
-            ahead: &[$t],
-        ) {
-            assert!(heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads));
-            assert!(keys.len() >= out.len() / heads * (qs.len() / heads));
-            // SAFETY: the token proves AVX-512 F/BW/VL/F16C; every load stays inside `qs` and
-            // `keys` and every store inside `out` (rows of hd and n, masked at the ends), as the
-            // asserts above guarantee; `ahead` is only prefetched, which never faults.
-            unsafe { $si(qs, heads, keys, scale, out, ahead) }
-        }
-        /// [`axpy_group_impl`]: `heads` rows of `ws` over the values, into `heads` rows of `os`.
-        pub(crate) fn $axpy(_t: Avx512, ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
-            assert!(heads > 0 && ws.len().is_multiple_of(heads) && os.len().is_multiple_of(heads));
-            assert!(values.len() >= ws.len() / heads * (os.len() / heads));
-            // SAFETY: as above, for `ws`, `values` and `os`.
-            unsafe { $ai(ws, heads, values, os, ahead) }
-        }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $si(qs: &[f32], heads: usize, keys: &[$t], scale: f32, out: &mut [f32], ahead: &[$t]) {
-            let rows = PlainRows { p: keys.as_ptr(), hd: qs.len() / heads };
-            scores_group_impl(qs, heads, rows, scale, out, ahead)
-        }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
-        unsafe fn $ai(ws: &[f32], heads: usize, values: &[$t], os: &mut [f32], ahead: &[$t]) {
-            axpy_group_impl(ws, heads, PlainRows { p: values.as_ptr(), hd: os.len() / heads }, os, ahead)
-        }
-    };
+/// The attention's weighted sum over f32 or f16 value rows: [`axpy_impl`].
+pub(crate) fn attention_axpy<K: Lanes16>(_t: Avx512, w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+    assert!(values.len() >= w.len() * o.len());
+    // SAFETY: as above, for `w`, `values` and `o`.
+    unsafe { axpy_plain(w, values, o, ahead) }
 }
 
-attention_group_entry!(
-    attention_scores_group_f32,
-    attention_axpy_group_f32,
-    f32,
-    scores_group_f32_impl,
-    axpy_group_f32_impl
-);
-attention_group_entry!(
-    attention_scores_group_f16,
-    attention_axpy_group_f16,
-    half::f16,
-    scores_group_f16_impl,
-    axpy_group_f16_impl
-);
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_plain<K: Lanes16>(q: &[f32], keys: &[K], scale: f32, out: &mut [f32], ahead: &[K]) {
+    scores_impl(q, PlainRows { p: keys.as_ptr(), hd: q.len() }, scale, out, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_plain<K: Lanes16>(w: &[f32], values: &[K], o: &mut [f32], ahead: &[K]) {
+    axpy_impl(w, PlainRows { p: values.as_ptr(), hd: o.len() }, o, ahead)
+}
+
+/// [`scores_group_impl`]: `heads` rows of `qs` over the keys, into `heads` rows of `out`.
+pub(crate) fn attention_scores_group<K: Lanes16>(
+    _t: Avx512,
+    qs: &[f32],
+    heads: usize,
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[K],
+) {
+    assert!(heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads));
+    assert!(keys.len() >= out.len() / heads * (qs.len() / heads));
+    // SAFETY: the token proves AVX-512 F/BW/VL/F16C; every load stays inside `qs` and `keys`
+    // and every store inside `out` (rows of hd and n, masked at the ends), as the asserts above
+    // guarantee; `ahead` is only prefetched, which never faults.
+    unsafe { scores_group_plain(qs, heads, keys, scale, out, ahead) }
+}
+
+/// [`axpy_group_impl`]: `heads` rows of `ws` over the values, into `heads` rows of `os`.
+pub(crate) fn attention_axpy_group<K: Lanes16>(
+    _t: Avx512,
+    ws: &[f32],
+    heads: usize,
+    values: &[K],
+    os: &mut [f32],
+    ahead: &[K],
+) {
+    assert!(heads > 0 && ws.len().is_multiple_of(heads) && os.len().is_multiple_of(heads));
+    assert!(values.len() >= ws.len() / heads * (os.len() / heads));
+    // SAFETY: as above, for `ws`, `values` and `os`.
+    unsafe { axpy_group_plain(ws, heads, values, os, ahead) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn scores_group_plain<K: Lanes16>(
+    qs: &[f32],
+    heads: usize,
+    keys: &[K],
+    scale: f32,
+    out: &mut [f32],
+    ahead: &[K],
+) {
+    let rows = PlainRows { p: keys.as_ptr(), hd: qs.len() / heads };
+    scores_group_impl(qs, heads, rows, scale, out, ahead)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn axpy_group_plain<K: Lanes16>(ws: &[f32], heads: usize, values: &[K], os: &mut [f32], ahead: &[K]) {
+    axpy_group_impl(ws, heads, PlainRows { p: values.as_ptr(), hd: os.len() / heads }, os, ahead)
+}
