@@ -131,24 +131,17 @@ fn checked_samples<E: serde::de::Error>(samples: Vec<f64>, what: &str) -> Result
 
 /// A `Stat` as stored: every field must be there (the schema says which type), but only the
 /// samples are read.
+#[allow(dead_code)]
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredStat {
-    #[allow(dead_code)]
     n: IgnoredAny,
-    #[allow(dead_code)]
     mean: IgnoredAny,
-    #[allow(dead_code)]
     median: IgnoredAny,
-    #[allow(dead_code)]
     stddev: IgnoredAny,
-    #[allow(dead_code)]
     min: IgnoredAny,
-    #[allow(dead_code)]
     max: IgnoredAny,
-    #[allow(dead_code)]
     ci95_low: IgnoredAny,
-    #[allow(dead_code)]
     ci95_high: IgnoredAny,
     samples: Vec<f64>,
 }
@@ -209,16 +202,14 @@ impl Latency {
     }
 }
 
+/// A `Latency` as stored: as [`StoredStat`].
+#[allow(dead_code)]
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredLatency {
-    #[allow(dead_code)]
     p50: IgnoredAny,
-    #[allow(dead_code)]
     p90: IgnoredAny,
-    #[allow(dead_code)]
     p95: IgnoredAny,
-    #[allow(dead_code)]
     p99: IgnoredAny,
     samples: Vec<f64>,
 }
