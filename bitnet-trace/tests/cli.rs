@@ -12,8 +12,15 @@ fn tmp(name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("bitnet-trace-cli-{name}-")).tempdir().unwrap()
 }
 
-fn run(args: &[&str]) -> (i32, String, String) {
+fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
     output(bin().args(args))
+}
+
+/// `--model tiny --context-length CTX --tokens TOKENS`, then `extra`, then `--out OUT`.
+fn tiny(ctx: &str, tokens: &str, extra: &[&str], out: &std::path::Path) -> Vec<String> {
+    let head = ["--model", "tiny", "--context-length", ctx, "--tokens", tokens];
+    let tail = ["--out", out.to_str().unwrap()];
+    head.iter().chain(extra).chain(&tail).map(|s| s.to_string()).collect()
 }
 
 fn output(cmd: &mut Command) -> (i32, String, String) {
@@ -66,8 +73,7 @@ fn an_unwritable_out_dir_is_a_clear_error() {
     let f = dir.path().join("file");
     std::fs::write(&f, b"x").unwrap();
     let out = f.join("sub");
-    let (code, _, err) =
-        run(&["--model", "tiny", "--context-length", "8", "--tokens", "2", "--out", out.to_str().unwrap()]);
+    let (code, _, err) = run(&tiny("8", "2", &[], &out));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--out"), "{err}");
 }
@@ -76,18 +82,7 @@ fn an_unwritable_out_dir_is_a_clear_error() {
 fn dhat_and_diff() {
     let dir = tmp("dhat");
     let a = dir.path().join("a");
-    let (code, table, err) = run(&[
-        "--model",
-        "tiny",
-        "--context-length",
-        "8",
-        "--tokens",
-        "3",
-        "--dhat",
-        "--no-counters",
-        "--out",
-        a.to_str().unwrap(),
-    ]);
+    let (code, table, err) = run(&tiny("8", "3", &["--dhat", "--no-counters"], &a));
     assert_eq!(code, 0, "{err}");
     assert!(table.contains("| decode stage") && table.contains("consistency:"), "{table}");
     assert!(table.contains("heap: 0.0 allocations"), "decode steps allocate nothing: {table}");
@@ -95,20 +90,7 @@ fn dhat_and_diff() {
     assert!(heap["dhatFileVersion"].is_number());
 
     let b = dir.path().join("b");
-    let (code, _, err) = run(&[
-        "--model",
-        "tiny",
-        "--context-length",
-        "8",
-        "--tokens",
-        "3",
-        "--form",
-        "fused",
-        "--level",
-        "aggregate",
-        "--out",
-        b.to_str().unwrap(),
-    ]);
+    let (code, _, err) = run(&tiny("8", "3", &["--form", "fused", "--level", "aggregate"], &b));
     assert_eq!(code, 0, "{err}");
     assert!(!b.join("trace.json").exists(), "aggregate level writes no timeline");
     let svg = dir.path().join("diff.svg");
@@ -137,23 +119,8 @@ fn dhat_and_diff() {
 fn the_lut_form_is_traced_as_one_lookup_stage() {
     let dir = tmp("lut");
     let out = dir.path().join("out");
-    let (code, stdout, err) = run(&[
-        "--model",
-        "tiny",
-        "--kernel",
-        "tq1",
-        "--form",
-        "lut",
-        "--context-length",
-        "8",
-        "--tokens",
-        "3",
-        "--level",
-        "aggregate",
-        "--no-counters",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let lut = ["--kernel", "tq1", "--form", "lut", "--level", "aggregate", "--no-counters"];
+    let (code, stdout, err) = run(&tiny("8", "3", &lut, &out));
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("kernel tq1/") && stdout.contains("/lut"), "{stdout}");
     assert!(stdout.contains("| lookup "), "the lookup stage has a row: {stdout}");
@@ -202,20 +169,8 @@ fn too_few_pprof_samples_is_a_check_not_run_not_a_failure() {
     let out = dir.path().join("out");
     // pprof's sampler creates an empty temporary file it never removes (it lives in a static):
     // with TMPDIR inside this test's directory, it goes when the directory does.
-    let (code, stdout, err) = output(bin().env("TMPDIR", dir.path()).args([
-        "--model",
-        "tiny",
-        "--context-length",
-        "4",
-        "--tokens",
-        "2",
-        "--level",
-        "aggregate",
-        "--no-counters",
-        "--pprof",
-        "--out",
-        out.to_str().unwrap(),
-    ]));
+    let args = tiny("4", "2", &["--level", "aggregate", "--no-counters", "--pprof"], &out);
+    let (code, stdout, err) = output(bin().env("TMPDIR", dir.path()).args(args));
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("check not run: pprof took only"), "{stdout}");
     // (The wall-time check may fail on a busy machine; the pprof one must not.)
