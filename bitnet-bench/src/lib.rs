@@ -2,7 +2,7 @@
 //!
 //! - [`sweep`]: the model sweep (the main job) behind a measurement seam;
 //! - the report itself (types, schema, statistics, loading, merging) is `bitnet_report`'s;
-//! - [`output`]: table, Markdown, CSV; [`plots`]: SVG charts and an offline HTML page;
+//! - [`output`]: table, Markdown, CSV; [`page`]: the offline HTML report page; [`plots`]: its SVG charts;
 //! - [`system`]: the machine fingerprint; [`import`]: llama-bench JSON → our report;
 //! - [`history`]: the SQLite run history (`--db`);
 //! - [`kernel_sweep`]: the kernel-level sweep; [`model_cmds`]: `inspect` and `run`;
@@ -15,6 +15,7 @@ pub mod kernel_sweep;
 pub mod listarg;
 pub mod model_cmds;
 pub mod output;
+pub mod page;
 pub mod perplexity;
 pub mod pipes;
 pub mod plots;

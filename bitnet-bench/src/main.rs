@@ -484,7 +484,8 @@ fn run(cli: Cli) -> Result<()> {
                     .with_context(|| format!("--markdown {}", p.display()))?;
             }
             if let Some(d) = &plots {
-                bitnet_bench::plots::write_all_with(&title, &headers, &all, d)?;
+                let links: Vec<PathBuf> = csv.iter().chain(&markdown).cloned().collect();
+                bitnet_bench::page::write_all_with(&title, &headers, &all, d, &links)?;
             }
             return Ok(());
         }
@@ -842,7 +843,8 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         write_atomic(p, output::markdown(&report).as_bytes())?;
     }
     if let Some(d) = &a.plots {
-        bitnet_bench::plots::write_all(&report, d)?;
+        let links: Vec<PathBuf> = a.json_report.iter().chain(&a.csv).chain(&a.markdown).cloned().collect();
+        bitnet_bench::page::write_all(&report, d, &links)?;
     }
     if let Some(db) = &a.db {
         let id = bitnet_bench::history::append(db, &report)?;

@@ -247,7 +247,7 @@ pub fn table_with(headers: &[String], r: &Report) -> String {
 
 /// What the columns are, under the terminal and Markdown tables (with `r`'s step probe size,
 /// this build's where an older report does not say).
-fn legend(r: &Report) -> String {
+pub fn legend(r: &Report) -> String {
     format!(
         "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV on real text (the header says which text and model: --quality-text, or for a preset the committed trained model's held-out text; perplexities in the JSON and CSV), or `synthetic` where measured on random token ids or weights, which estimate no model's quality.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
@@ -275,6 +275,37 @@ fn above_probe_note(r: &Report) -> String {
         " WARNING: {what} read below what the run did (disturbed: another tenant or throttling while they ran), \
          so those figures are not of this machine; rerun on a quiet one."
     )
+}
+
+/// What a reader must not miss, one sentence each: an interrupted sweep, a bandwidth that moved
+/// while it ran, fractions above 100%, quality figures that are synthetic, huge pages off.
+pub fn warnings(r: &Report) -> Vec<String> {
+    let mut w = Vec::new();
+    if !r.complete {
+        w.push("Incomplete: the sweep was interrupted; the table holds the combinations that finished.".into());
+    }
+    if let Some((threads, spread)) = r.roofline.widest_probe_spread().filter(|w| w.1 > 0.10) {
+        let list: Vec<String> = r.roofline.probes_gbps[threads].iter().map(|g| format!("{g:.1}")).collect();
+        w.push(format!(
+            "The read bandwidth moved during the sweep: the {threads}-thread probes read {} GB/s, {:.0}% apart, so figures against it are uncertain.",
+            list.join(", "),
+            spread * 100.0
+        ));
+    }
+    let above = above_probe_note(r);
+    if !above.is_empty() {
+        w.push(above.trim().trim_start_matches("WARNING: ").to_string());
+    }
+    if r.results.iter().any(|x| x.quality.as_ref().is_some_and(|q| !q.is_real())) {
+        w.push(
+            "KV quality was measured on random token ids or weights (synthetic): it exercises the KV precisions' code but estimates no model's quality, so it is not shown as a figure."
+                .into(),
+        );
+    }
+    if r.system.huge_pages_requested == Some(false) {
+        w.push("The engine did not ask for huge pages (BITNET_HUGE_PAGES=0): weights and KV cache streamed from 4 KiB pages.".into());
+    }
+    w
 }
 
 /// Markdown for PR comments: a summary line, then the table.

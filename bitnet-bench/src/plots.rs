@@ -1,11 +1,9 @@
 //! SVG charts of a report, drawn by `plotters` with its SVG backend (text is SVG `<text>`, so
-//! no system font is needed), and `index.html`: one self-contained page with every chart
-//! inlined and the results table, which opens offline.
+//! no system font is needed); the page that holds them is [`crate::page`]'s.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use plotters::prelude::*;
 
 use bitnet_report::report::{BenchResult, Report};
@@ -278,44 +276,4 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         out.push(("compute.svg".into(), t.into(), bar_chart(t, "% of int8 peak", &compute)?));
     }
     Ok(out)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-/// Writes every chart and `index.html` into `dir` (created if needed).
-pub fn write_all(r: &Report, dir: &Path) -> Result<()> {
-    write_all_with(&r.model.name, &[crate::output::header(r)], r, dir)
-}
-
-/// [`write_all`] titled `title`, with `headers` (one per report shown) above the table.
-pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
-    let charts = charts(r)?;
-    let mut html = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>bitnet-bench report</title><style>body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}figure{margin:24px 0}</style></head><body>\n",
-    );
-    html.push_str(&format!("<h1>bitnet-bench: {}</h1>\n", escape(title)));
-    for h in headers {
-        html.push_str(&format!("<p>{}</p>\n", escape(h)));
-    }
-    html.push_str("<table>\n");
-    let header = crate::output::CSV_HEADER.split(',').map(str::to_string).collect();
-    for (i, cells) in std::iter::once(header).chain(crate::output::csv_cells(r)).enumerate() {
-        let tag = if i == 0 { "th" } else { "td" };
-        html.push_str("<tr>");
-        for cell in &cells {
-            html.push_str(&format!("<{tag}>{}</{tag}>", escape(cell)));
-        }
-        html.push_str("</tr>\n");
-    }
-    html.push_str("</table>\n");
-    for (file, title, svg) in &charts {
-        bitnet_report::files::write_atomic(&dir.join(file), svg.as_bytes())?;
-        html.push_str(&format!("<figure><figcaption>{}</figcaption>\n{}\n</figure>\n", escape(title), svg));
-    }
-    html.push_str("</body></html>\n");
-    bitnet_report::files::write_atomic(&dir.join("index.html"), html.as_bytes())?;
-    Ok(())
 }

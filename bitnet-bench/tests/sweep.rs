@@ -406,7 +406,7 @@ fn charts_and_page_are_written_for_a_report() {
     let r = sweep(None);
     let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-").tempdir().unwrap();
     let dir = scratch.path();
-    bitnet_bench::plots::write_all(&r, dir).unwrap();
+    bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     for f in [
         "decode_vs_batch.svg",
@@ -421,7 +421,29 @@ fn charts_and_page_are_written_for_a_report() {
         assert!(svg.contains("<svg"), "{f}");
     }
     assert_eq!(html.matches("<svg").count(), 7, "every chart inlined: the page needs no other file");
-    assert!(html.contains("decode_tokens_per_sec_median"));
+    // The table as a person reads it: names and units, not CSV column names; values rounded to
+    // their interval, the interval shown.
+    assert!(!html.contains("decode_tokens_per_sec_median") && !html.contains("_ci95_"), "raw CSV names");
+    assert!(html.contains(">tg<br><small>tokens/s</small></th>"), "named with its unit");
+    let tg = &r.results[0].decode.tokens_per_sec;
+    let cell = bitnet_report::html::with_ci(tg.median(), tg.ci95_low(), tg.ci95_high());
+    assert!(cell.contains(" ± ") && html.contains(&format!(">{cell}</td>")), "{cell}");
+    // Nothing fetched (the SVG namespace URI is a name, not a fetch).
+    for fetch in ["src=\"http", "href=\"http", "<link", "@import", "url(http"] {
+        assert!(!html.contains(fetch), "{fetch}");
+    }
+    // The structure is pinned (the charts' SVG aside, which plotters draws).
+    bitnet_bench::page::write_all(&r, dir, &[dir.join("report.json")]).unwrap();
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    let mut structure = String::new();
+    let mut rest = html.as_str();
+    while let Some(i) = rest.find("<svg") {
+        structure.push_str(&rest[..i]);
+        structure.push_str("<svg/>");
+        rest = &rest[i + rest[i..].find("</svg>").expect("closed") + "</svg>".len()..];
+    }
+    structure.push_str(rest);
+    golden("page.html", &structure);
 }
 
 #[test]
@@ -432,14 +454,14 @@ fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
     }
     let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-comma-").tempdir().unwrap();
     let dir = scratch.path();
-    bitnet_bench::plots::write_all(&r, dir).unwrap();
+    bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
-    let columns = output::CSV_HEADER.split(',').count();
-    let rows: Vec<&str> = html.lines().filter(|l| l.starts_with("<tr><td>")).collect();
+    let columns = bitnet_bench::page::results_table(&r).columns.len();
+    let rows: Vec<&str> = html.lines().filter(|l| l.starts_with("<tr><td")).collect();
     assert_eq!(rows.len(), r.results.len());
     for row in rows {
-        assert_eq!(row.matches("<td>").count(), columns, "{row}");
-        assert!(row.starts_with("<tr><td>bitnet, \"2B\"</td><td>i2s</td>"), "{row}");
+        assert_eq!(row.matches("<td").count(), columns, "{row}");
+        assert!(row.starts_with("<tr><td>bitnet, &quot;2B&quot;</td><td>i2s</td>"), "{row}");
     }
     // The CSV quotes it: a CSV reader gets the same cells.
     assert!(output::csv(&r).lines().nth(1).unwrap().starts_with("\"bitnet, \"\"2B\"\"\",i2s,"));
@@ -478,9 +500,10 @@ fn a_sweep_interrupted_in_its_first_combination_still_gets_a_page() {
     assert!(r.results.is_empty() && !r.complete);
     let scratch = tempfile::Builder::new().prefix("bitnet-bench-plots-empty-").tempdir().unwrap();
     let dir = scratch.path();
-    bitnet_bench::plots::write_all(&r, dir).unwrap();
+    bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
-    assert!(html.contains("decode_tokens_per_sec_median"), "the table header is there");
+    assert!(html.contains(">tg<br><small>tokens/s</small></th>"), "the table header is there");
+    assert!(html.contains("class=\"note\">Incomplete"), "and says why it is empty");
     assert_eq!(html.matches("<svg").count(), 0, "no empty charts");
     assert!(!dir.join("decode_vs_batch.svg").exists());
 }
@@ -670,6 +693,6 @@ fn synthetic_quality_is_labelled_not_shown_as_an_estimate() {
     assert!(row.ends_with(",synthetic,,"), "{row}");
     let scratch = tempfile::Builder::new().prefix("bitnet-synthetic-plots-").tempdir().unwrap();
     let dir = scratch.path();
-    bitnet_bench::plots::write_all(&r, dir).unwrap();
+    bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
     assert!(!dir.join("kv_quality.svg").exists());
 }

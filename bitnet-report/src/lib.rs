@@ -7,7 +7,8 @@
 //! - [`roofline`]: the roofline section and the fractions derived from it;
 //! - [`mod@load`]: parsing and checking a report file; [`mod@merge`]: pooling runs of one build;
 //! - [`system`]: the machine fingerprint's fields; [`perplexity`]: the perplexity result;
-//! - [`files`]: writing output files atomically; [`error`]: what can go wrong.
+//! - [`files`]: writing output files atomically; [`html`]: self-contained pages in one style;
+//!   [`error`]: what can go wrong.
 //!
 //! Raw samples are the single source of truth: a `Stat` or `Latency` is built from its samples
 //! and keeps no other state, and the fractions derived from them ([`report::Report::refresh_derived`])
@@ -15,6 +16,7 @@
 
 pub mod error;
 pub mod files;
+pub mod html;
 pub mod load;
 pub mod merge;
 pub mod perplexity;

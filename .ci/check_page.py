@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Opens a bitnet-bench report page in headless Chromium and checks what a reader gets.
+
+Usage: check_page.py PAGE.html REPORT.json OUTDIR
+
+- no console errors (uncaught exceptions or console.error) while the page loads;
+- the results table's cells after the page's script ran are the ones the page was written with
+  (the script only reorders and hides rows), and each row's tg sort key is the report's median;
+- `#sort=results:COL:desc` orders the rows by that column, descending;
+- `#filter=COL:VALUE` hides exactly the rows whose cell differs;
+- every chart has labelled ticks (text in its SVG);
+- a screenshot of the page (OUTDIR/NAME.png) is kept as a CI artifact.
+Exit 1 with what failed; 0 when every check holds.
+"""
+import html.parser
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+CONSOLE_ERRORS = []
+
+
+def chromium(url, *extra):
+    """Runs Chromium on url with a fresh profile: its stdout; console errors (uncaught
+    exceptions, console.error) are collected in CONSOLE_ERRORS."""
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = ["chromium", *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+               "--virtual-time-budget=5000", *extra, url]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        CONSOLE_ERRORS.extend(f"{url}: {l}" for l in p.stderr.splitlines()
+                              if "CONSOLE" in l and ("Uncaught" in l or ":ERROR:" in l))
+        return p.stdout
+
+
+class Tables(html.parser.HTMLParser):
+    """The results table's rows (cells' text, sort keys, hidden) and each SVG's text count."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.svg_texts = [], []
+        self.in_table = self.in_cell = self.in_svg = False
+        self.row = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table" and a.get("id") == "results":
+            self.in_table = True
+        elif self.in_table and tag == "tr" and self.row is None:
+            self.row = {"cells": [], "keys": [], "hidden": "hidden" in a}
+        elif self.in_table and tag == "td" and self.row is not None:
+            self.in_cell = True
+            self.row["cells"].append("")
+            self.row["keys"].append(a.get("data-v"))
+        elif tag == "svg":
+            self.in_svg = True
+            self.svg_texts.append(0)
+        elif tag == "text" and self.in_svg:
+            self.svg_texts[-1] += 1
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.in_table = False
+        elif tag == "td":
+            self.in_cell = False
+        elif tag == "tr" and self.row is not None:
+            if self.row["cells"]:
+                self.rows.append(self.row)
+            self.row = None
+        elif tag == "svg":
+            self.in_svg = False
+
+    def handle_data(self, data):
+        if self.in_cell and self.row is not None:
+            self.row["cells"][-1] += data
+
+
+def parse(text):
+    t = Tables()
+    t.feed(text)
+    return t
+
+
+def main():
+    page, report_path, outdir = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], pathlib.Path(sys.argv[3])
+    outdir.mkdir(parents=True, exist_ok=True)
+    report = json.load(open(report_path))
+    written = parse(page.read_text())
+    failures = []
+    header = [h for h in page.read_text().split("<thead>")[1].split("</thead>")[0].split("<th")[1:]]
+    names = [h.split(">", 1)[1].split("<", 1)[0] for h in header]
+    tg = names.index("tg")
+
+    loaded = parse(chromium(page.as_uri(), "--dump-dom"))
+    if sorted(map(lambda r: r["cells"], loaded.rows)) != sorted(map(lambda r: r["cells"], written.rows)):
+        failures.append("the table's cells after the script ran differ from the written ones")
+    medians = sorted(r["decode"]["tokens_per_sec"]["median"] for r in report["results"])
+    keys = sorted(float(r["keys"][tg]) for r in loaded.rows)
+    if len(keys) != len(medians) or any(abs(k - m) > 1e-9 * abs(m) for k, m in zip(keys, medians)):
+        failures.append(f"tg sort keys {keys} are not the report's medians {medians}")
+    if not loaded.svg_texts or any(n < 3 for n in loaded.svg_texts):
+        failures.append(f"a chart without labelled ticks (text elements per chart: {loaded.svg_texts})")
+
+    dom = chromium(page.as_uri() + f"#sort=results:{tg}:desc", "--dump-dom")
+    order = [float(r["keys"][tg]) for r in parse(dom).rows]
+    if order != sorted(order, reverse=True):
+        failures.append(f"#sort=results:{tg}:desc left the tg column in the order {order}")
+
+    kv = names.index("kv")
+    value = written.rows[0]["cells"][kv]
+    dom = chromium(page.as_uri() + f"#filter={kv}:{value}", "--dump-dom")
+    rows = parse(dom).rows
+    wrong = [r["cells"][kv] for r in rows if r["hidden"] == (r["cells"][kv] == value)]
+    if wrong or not rows:
+        failures.append(f"#filter={kv}:{value} showed or hid the wrong rows ({wrong})")
+
+    shot = outdir / (page.parent.name + ".png")
+    chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1280,1800", "--hide-scrollbars")
+    if not shot.exists() or shot.stat().st_size < 10_000:
+        failures.append(f"no screenshot at {shot}")
+    if CONSOLE_ERRORS:
+        failures.append("console errors: " + " | ".join(CONSOLE_ERRORS[:5]))
+
+    for f in failures:
+        print(f"check_page: {page}: {f}", file=sys.stderr)
+    if not failures:
+        print(f"check_page: {page}: {len(loaded.rows)} rows, {len(loaded.svg_texts)} charts, sorting and filtering work, "
+              f"no console errors; screenshot {shot}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

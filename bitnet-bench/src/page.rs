@@ -1,0 +1,239 @@
+//! The report page (`--plots DIR` → `DIR/index.html`): what ran, where and when; warnings as
+//! visible notes; links to what else the run wrote; the results table as a person reads it
+//! (the terminal table's columns and names, with units, numbers rounded to their confidence
+//! interval, sortable and filterable; the legend below it is the terminal's); then the charts.
+//! One self-contained file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use bitnet_report::html::{self, escape, with_ci, Cell, Column, Table};
+use bitnet_report::report::{BenchResult, Report};
+
+use crate::output;
+
+/// The results table: one row per combination.
+pub fn results_table(r: &Report) -> Table {
+    let columns = vec![
+        Column::label("model", "model name (as in model.name)").filtered(),
+        Column::label("kernel", "kernel family").filtered(),
+        Column::label("isa", "ISA level of the kernels"),
+        Column::count("threads", "threads in all"),
+        Column::count("batch", "sequences decoded in lock-step").filtered(),
+        Column::new("context", "tokens", "prompt tokens prefilled per sequence before decoding"),
+        Column::label("kv", "KV cache precision").filtered(),
+        Column::new("pp", "tokens/s", "prompt tokens per second: median ± half the 95% CI of the mean"),
+        Column::new("ttft", "ms", "time to first token: median ± half the 95% CI of the mean"),
+        Column::new("tg", "tokens/s", "generated tokens per second: median ± half the 95% CI of the mean"),
+        Column::new("p50", "ms", "inter-token latency, median"),
+        Column::new("p99", "ms", "inter-token latency, 99th percentile (* from fewer than 100 steps)"),
+        Column::new(
+            "roofline",
+            "% of read bandwidth",
+            "bytes read per decode step × steps/s ÷ the read bandwidth of a probe right after each step",
+        ),
+        Column::new("compute", "% of int8 peak", "multiply-adds per decode step × steps/s ÷ the int8 peak"),
+        Column::new("kv cache", "MiB", "bytes of the KV cache of this combination"),
+        Column::new("kl", "nats", "KV precision's KL divergence from f32 KV on real text"),
+        Column::new("top1", "%", "positions whose most likely next token matches f32 KV's"),
+    ];
+    Table { id: "results".into(), columns, rows: r.results.iter().map(row).collect() }
+}
+
+fn row(x: &BenchResult) -> Vec<Cell> {
+    let c = &x.config;
+    let stat = |s: &bitnet_report::Stat| {
+        Cell::number(s.median(), with_ci(s.median(), s.ci95_low(), s.ci95_high())).titled(format!(
+            "median {}, mean {}, n {}",
+            s.median(),
+            s.mean(),
+            s.n()
+        ))
+    };
+    let l = &x.decode.latency_ms;
+    let few = (1..100).contains(&l.samples().len());
+    let pct = |f: Option<f64>| f.map_or(Cell::none(), |f| Cell::number(f * 100.0, format!("{:.0}%", f * 100.0)));
+    let roofline = match (output::roofline_known(x), output::step_probe_median(x)) {
+        (Some(f), Some(g)) => pct(Some(f)).titled(format!("{:.1}% of a median step probe of {g:.1} GB/s", f * 100.0)),
+        (f, _) => pct(f),
+    };
+    let real = x.quality.as_ref().filter(|q| q.is_real());
+    vec![
+        Cell::text(&c.model),
+        Cell::text(&c.kernel),
+        Cell::text(&c.isa),
+        Cell::number(c.threads as f64, c.threads.to_string()),
+        Cell::number(c.batch as f64, c.batch.to_string()),
+        Cell::number(c.context_length as f64, c.context_length.to_string()),
+        Cell::text(&c.kv_precision),
+        stat(&x.prefill.tokens_per_sec),
+        stat(&x.prefill.ttft_ms),
+        stat(&x.decode.tokens_per_sec),
+        Cell::number(l.p50(), format!("{:.2}", l.p50())),
+        Cell::number(l.p99(), format!("{:.2}{}", l.p99(), if few { "*" } else { "" })),
+        roofline,
+        pct(x.decode.compute_fraction),
+        output::kv_cache_known(x)
+            .map_or(Cell::none(), |b| Cell::number(b as f64, format!("{:.1}", b as f64 / 1048576.0))),
+        match (real, &x.quality) {
+            (Some(q), _) => Cell::number(q.kl_divergence, format!("{:.4}", q.kl_divergence)),
+            (None, Some(_)) => Cell::none().titled("synthetic: measured on random token ids or weights"),
+            (None, None) => Cell::none(),
+        },
+        real.map_or(Cell::none(), |q| {
+            Cell::number(q.top1_agreement * 100.0, format!("{:.0}%", q.top1_agreement * 100.0))
+        }),
+    ]
+}
+
+/// What ran, where and when, as a list of (term, HTML).
+fn about(r: &Report) -> String {
+    let s = &r.system;
+    let m = &r.model;
+    let mut items: Vec<(&str, String)> = vec![
+        (
+            "model",
+            escape(&format!(
+                "{} ({}{}, {:.0} MiB of weights)",
+                m.name,
+                m.weight_format,
+                m.ffn_activation.as_ref().map_or(String::new(), |a| format!(", {a} FFN")),
+                m.weight_bytes as f64 / 1048576.0
+            )),
+        ),
+        ("weights", escape(&m.source)),
+        (
+            "machine",
+            escape(&format!(
+                "{}{}, {} cores / {} CPUs, kernels {}, {}{}",
+                s.cpu_model,
+                s.cpu_id.as_ref().map_or(String::new(), |id| format!(" ({id})")),
+                s.physical_cores,
+                s.logical_cpus,
+                s.isa.join(", "),
+                s.os,
+                s.transparent_hugepage.as_ref().map_or(String::new(), |t| format!(", THP {t}")),
+            )),
+        ),
+        ("read bandwidth", escape(&bandwidth(r))),
+    ];
+    if !r.roofline.int8_peak_gmacs.is_empty() {
+        let peaks: Vec<String> = r.roofline.int8_peak_gmacs.iter().map(|(k, g)| format!("{k} {g:.1}")).collect();
+        items.push(("int8 peak", escape(&format!("{} G multiply-adds/s", peaks.join(", ")))));
+    }
+    items.push((
+        "settings",
+        escape(&format!(
+            "{} warm-up + {} measured runs × {} new tokens, seed {}",
+            r.settings.warmup, r.settings.repeat, r.settings.max_new_tokens, r.settings.seed
+        )),
+    ));
+    let t = &r.tool;
+    items.push((
+        "build",
+        escape(&format!(
+            "{} {}, commit {}{}",
+            t.name,
+            t.version,
+            t.git_commit.as_deref().unwrap_or("unknown"),
+            if t.git_dirty == Some(true) { " with uncommitted changes" } else { "" }
+        )),
+    ));
+    items.push(("measured", escape(&format!("{}{}", r.created_at, if r.complete { "" } else { ", INCOMPLETE" }))));
+    html::meta(&items)
+}
+
+/// `30.4 GB/s with 2 threads (1 GiB probe; probes 27.1, 30.4: 11% apart)`.
+fn bandwidth(r: &Report) -> String {
+    let f = &r.roofline;
+    let probes = f.probes_gbps.get(&f.threads.to_string()).filter(|p| p.len() > 1).map(|p| {
+        let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
+        let hi = p.iter().copied().fold(f64::MIN, f64::max);
+        let lo = p.iter().copied().fold(f64::MAX, f64::min);
+        format!("; probes {}: {:.0}% apart", list.join(", "), (hi - lo) / hi * 100.0)
+    });
+    format!(
+        "{:.1} GB/s with {} thread{} ({}{})",
+        f.read_bandwidth_gbps,
+        f.threads,
+        if f.threads == 1 { "" } else { "s" },
+        f.probe_bytes.map_or("probe size not recorded".into(), |b| format!("{} MiB probe", b >> 20)),
+        probes.unwrap_or_default()
+    )
+}
+
+/// Writes the page and every chart into `dir` (created if needed). `links` are the other
+/// files the run wrote (JSON, CSV, Markdown), linked relative to `dir` where they can be.
+pub fn write_all(r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
+    let body = format!("{}{}", about(r), notes(r));
+    write_page(&r.model.name, &body, r, dir, links)
+}
+
+/// [`write_all`] for several reports shown as one (`show`): a paragraph per report instead of
+/// one report's details.
+pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
+    let mut body: String = headers.iter().map(|h| format!("<p>{}</p>\n", escape(h))).collect();
+    body.push_str(&notes(r));
+    write_page(title, &body, r, dir, links)
+}
+
+fn notes(r: &Report) -> String {
+    output::warnings(r).iter().map(|w| html::note(w)).collect()
+}
+
+fn write_page(title: &str, about: &str, r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
+    let charts = crate::plots::charts(r)?;
+    let mut body = format!("<h1>bitnet-bench: {}</h1>\n{about}", escape(title));
+    let mut all_links: Vec<(String, String)> = links.iter().map(|p| (relative(p, dir), file_name(p))).collect();
+    all_links.extend(charts.iter().map(|(file, _, _)| (file.clone(), file.clone())));
+    if !all_links.is_empty() {
+        body.push_str("<p class=\"links\">Also written: ");
+        for (href, name) in &all_links {
+            body.push_str(&format!("<a href=\"{}\">{}</a>", escape(href), escape(name)));
+        }
+        body.push_str("</p>\n");
+    }
+    body.push_str("<h2>Results</h2>\n");
+    body.push_str(&results_table(r).to_html());
+    body.push_str(&format!("<p class=\"legend\">{}</p>\n", escape(&output::legend(r))));
+    if !charts.is_empty() {
+        body.push_str("<h2>Charts</h2>\n");
+    }
+    for (file, title, svg) in &charts {
+        bitnet_report::files::write_atomic(&dir.join(file), svg.as_bytes())?;
+        body.push_str(&format!("<figure><figcaption>{}</figcaption>\n{svg}\n</figure>\n", escape(title)));
+    }
+    let page = html::page(&format!("bitnet-bench: {title}"), &body);
+    bitnet_report::files::write_atomic(&dir.join("index.html"), page.as_bytes())?;
+    Ok(())
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// `p` as a link from a page in `dir`: relative where both are in one tree, else absolute.
+fn relative(p: &Path, dir: &Path) -> String {
+    let abs = |q: &Path| std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
+    let (p, dir) = (abs(p), abs(dir));
+    let common = p.components().zip(dir.components()).take_while(|(a, b)| a == b).count();
+    if common == 0 {
+        return p.display().to_string();
+    }
+    let ups = dir.components().count() - common;
+    let rest: Vec<String> = p.components().skip(common).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    std::iter::repeat_n("..".to_string(), ups).chain(rest).collect::<Vec<_>>().join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_relative_to_the_page() {
+        assert_eq!(relative(Path::new("/a/b/r.json"), Path::new("/a/b/plots")), "../r.json");
+        assert_eq!(relative(Path::new("/a/b/plots/x.svg"), Path::new("/a/b/plots")), "x.svg");
+        assert_eq!(relative(Path::new("/c/r.json"), Path::new("/a/b")), "../../c/r.json");
+    }
+}
