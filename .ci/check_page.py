@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Opens a bitnet-bench report page in headless Chromium and checks what a reader gets.
+"""Opens a page of ours (bitnet-bench's report page, bitnet-diff --format html) in headless
+Chromium and checks what a reader gets.
 
-Usage: check_page.py PAGE.html REPORT.json OUTDIR
+Usage: check_page.py PAGE.html OUTDIR TABLE SORT_COLUMN FILTER_COLUMN [REPORT.json]
 
-- no console errors (uncaught exceptions or console.error) while the page loads;
-- the results table's cells after the page's script ran are the ones the page was written with
-  (the script only reorders and hides rows), and each row's tg sort key is the report's median;
-- `#sort=results:COL:desc` orders the rows by that column, descending;
-- `#filter=COL:VALUE` hides exactly the rows whose cell differs;
+- no console errors (uncaught exceptions or console.error) on any load;
+- the table's cells after the page's script ran are the ones the page was written with (the
+  script only reorders and hides rows); with REPORT.json, each row's tg sort key is the
+  report's decode median;
+- `#sort=TABLE:COL:desc` orders the rows by SORT_COLUMN, descending;
+- `#filter=COL:VALUE` hides exactly the rows whose FILTER_COLUMN cell differs;
 - every chart has labelled ticks (text in its SVG);
 - a screenshot of the page (OUTDIR/NAME.png) is kept as a CI artifact.
 Exit 1 with what failed; 0 when every check holds.
@@ -40,17 +42,18 @@ def chromium(url, *extra):
 
 
 class Tables(html.parser.HTMLParser):
-    """The results table's rows (cells' text, sort keys, hidden) and each SVG's text count."""
+    """One table's rows (cells' text, sort keys, hidden) and each SVG's text count."""
 
-    def __init__(self):
+    def __init__(self, table):
         super().__init__()
+        self.table = table
         self.rows, self.svg_texts = [], []
         self.in_table = self.in_cell = self.in_svg = False
         self.row = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "table" and a.get("id") == "results":
+        if tag == "table" and a.get("id") == self.table:
             self.in_table = True
         elif self.in_table and tag == "tr" and self.row is None:
             self.row = {"cells": [], "keys": [], "hidden": "hidden" in a}
@@ -81,46 +84,56 @@ class Tables(html.parser.HTMLParser):
             self.row["cells"][-1] += data
 
 
+TABLE = "results"
+
+
 def parse(text):
-    t = Tables()
+    t = Tables(TABLE)
     t.feed(text)
     return t
 
 
 def main():
-    page, report_path, outdir = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], pathlib.Path(sys.argv[3])
+    global TABLE
+    page, outdir = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2])
+    TABLE, sort_name, filter_name = sys.argv[3], sys.argv[4], sys.argv[5]
+    report = json.load(open(sys.argv[6])) if len(sys.argv) > 6 else None
     outdir.mkdir(parents=True, exist_ok=True)
-    report = json.load(open(report_path))
-    written = parse(page.read_text())
+    text = page.read_text()
+    written = parse(text)
     failures = []
-    header = [h for h in page.read_text().split("<thead>")[1].split("</thead>")[0].split("<th")[1:]]
-    names = [h.split(">", 1)[1].split("<", 1)[0] for h in header]
-    tg = names.index("tg")
+    head = text.split(f'id="{TABLE}"')[1].split("<thead>")[1].split("</thead>")[0]
+    names = [h.split(">", 1)[1].split("<", 1)[0] for h in head.split("<th")[1:]]
+    col = names.index(sort_name)
 
     loaded = parse(chromium(page.as_uri(), "--dump-dom"))
+    if not loaded.rows:
+        failures.append(f"no rows in table {TABLE}")
     if sorted(map(lambda r: r["cells"], loaded.rows)) != sorted(map(lambda r: r["cells"], written.rows)):
         failures.append("the table's cells after the script ran differ from the written ones")
-    medians = sorted(r["decode"]["tokens_per_sec"]["median"] for r in report["results"])
-    keys = sorted(float(r["keys"][tg]) for r in loaded.rows)
-    if len(keys) != len(medians) or any(abs(k - m) > 1e-9 * abs(m) for k, m in zip(keys, medians)):
-        failures.append(f"tg sort keys {keys} are not the report's medians {medians}")
-    if not loaded.svg_texts or any(n < 3 for n in loaded.svg_texts):
+    if report is not None:
+        tg = names.index("tg")
+        medians = sorted(r["decode"]["tokens_per_sec"]["median"] for r in report["results"])
+        keys = sorted(float(r["keys"][tg]) for r in loaded.rows)
+        if len(keys) != len(medians) or any(abs(k - m) > 1e-9 * abs(m) for k, m in zip(keys, medians)):
+            failures.append(f"tg sort keys {keys} are not the report's medians {medians}")
+    if any(n < 3 for n in loaded.svg_texts):
         failures.append(f"a chart without labelled ticks (text elements per chart: {loaded.svg_texts})")
 
-    dom = chromium(page.as_uri() + f"#sort=results:{tg}:desc", "--dump-dom")
-    order = [float(r["keys"][tg]) for r in parse(dom).rows]
+    dom = chromium(page.as_uri() + f"#sort={TABLE}:{col}:desc", "--dump-dom")
+    order = [float(r["keys"][col]) for r in parse(dom).rows]
     if order != sorted(order, reverse=True):
-        failures.append(f"#sort=results:{tg}:desc left the tg column in the order {order}")
+        failures.append(f"#sort={TABLE}:{col}:desc left {sort_name} in the order {order}")
 
-    kv = names.index("kv")
-    value = written.rows[0]["cells"][kv]
-    dom = chromium(page.as_uri() + f"#filter={kv}:{value}", "--dump-dom")
+    fcol = names.index(filter_name)
+    value = written.rows[0]["cells"][fcol] if written.rows else ""
+    dom = chromium(page.as_uri() + f"#filter={fcol}:{value}", "--dump-dom")
     rows = parse(dom).rows
-    wrong = [r["cells"][kv] for r in rows if r["hidden"] == (r["cells"][kv] == value)]
+    wrong = [r["cells"][fcol] for r in rows if r["hidden"] == (r["cells"][fcol] == value)]
     if wrong or not rows:
-        failures.append(f"#filter={kv}:{value} showed or hid the wrong rows ({wrong})")
+        failures.append(f"#filter={fcol}:{value} showed or hid the wrong rows ({wrong})")
 
-    shot = outdir / (page.parent.name + ".png")
+    shot = outdir / (page.parent.name + "-" + page.stem + ".png")
     chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1280,1800", "--hide-scrollbars")
     if not shot.exists() or shot.stat().st_size < 10_000:
         failures.append(f"no screenshot at {shot}")

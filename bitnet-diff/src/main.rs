@@ -14,6 +14,8 @@ enum Format {
     Text,
     Markdown,
     Json,
+    /// A self-contained page in the report page's style (sortable, filterable).
+    Html,
 }
 
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
@@ -157,6 +159,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Format::Text => render::text(&c),
         Format::Markdown => render::markdown(&c),
         Format::Json => render::json(&c),
+        Format::Html => render::html(&c),
     };
     match &cli.output {
         Some(p) => write_atomic(p, text.as_bytes()).with_context(|| format!("--output {}", p.display()))?,
@@ -206,6 +209,7 @@ fn perplexity_diff(
     )?;
     let text = match cli.format {
         Format::Json => ppl::json(&c),
+        Format::Html => ppl::html(&c),
         Format::Text | Format::Markdown => ppl::markdown(&c),
     };
     match &cli.output {

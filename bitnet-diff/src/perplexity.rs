@@ -211,6 +211,49 @@ pub fn markdown(c: &PerplexityComparison) -> String {
     s
 }
 
+/// [`markdown`]'s content as a page in the report page's style.
+pub fn html(c: &PerplexityComparison) -> String {
+    use bitnet_report::html::{self, escape, Cell, Column, Table};
+    let title = format!("{} regression{}", c.regressions, if c.regressions == 1 { "" } else { "s" });
+    let mut body = format!("<h1>bitnet-diff: {}</h1>\n", escape(&title));
+    body.push_str(&html::meta(&[
+        ("base", escape(&format!("{} ({})", c.base, c.base_model))),
+        ("new", escape(&format!("{} ({})", c.new, c.new_model))),
+        ("measured on", escape(&c.measured_on)),
+    ]));
+    for n in &c.notes {
+        body.push_str(&html::note(n));
+    }
+    let columns = vec![
+        Column::label("metric", "the compared figure, and which way is better"),
+        Column::label("base", "BASE's value ± its standard error"),
+        Column::label("new", "NEW's value ± its standard error"),
+        Column::new("change", "%", "new / base − 1"),
+        Column::new("threshold", "%", "smallest change that is a regression"),
+        Column::label("verdict", "regression, improvement or unchanged").filtered(),
+    ];
+    let rows = c
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                Cell::text(format!(
+                    "{} ({} is better)",
+                    r.metric,
+                    if r.better == Better::Lower { "lower" } else { "higher" }
+                )),
+                Cell::text(fmt_value(r.metric, r.base, r.base_error)),
+                Cell::text(fmt_value(r.metric, r.new, r.new_error)),
+                Cell::number(r.change * 100.0, format!("{:+.2}%", r.change * 100.0)),
+                Cell::number(r.threshold * 100.0, format!("{:.1}%", r.threshold * 100.0)),
+                Cell::text(r.verdict.name()),
+            ]
+        })
+        .collect();
+    body.push_str(&Table { id: "diff".into(), columns, rows }.to_html());
+    html::page(&format!("bitnet-diff: {} → {}", c.base, c.new), &body)
+}
+
 pub fn json(c: &PerplexityComparison) -> String {
     serde_json::to_string_pretty(c).expect("a comparison serializes") + "\n"
 }

@@ -1,7 +1,9 @@
 //! The comparison as a terminal table, Markdown (summary line first, for PR comments and job
-//! summaries) and JSON.
+//! summaries), JSON, and an HTML page in the report page's style.
 
 use std::fmt::Write;
+
+use bitnet_report::html::{self, escape, significant, Cell, Column, Table};
 
 use crate::compare::{Comparison, ConfigDiff, MetricDiff};
 
@@ -117,4 +119,67 @@ pub fn markdown(c: &Comparison) -> String {
 
 pub fn json(c: &Comparison) -> String {
     serde_json::to_string_pretty(c).expect("a comparison serializes") + "\n"
+}
+
+/// The comparison as a page: the summary and method, warnings and notes as visible notes, what
+/// only one side has, then every compared figure in a table sortable by any column and
+/// filterable by metric and verdict.
+pub fn html(c: &Comparison) -> String {
+    let mut body = format!("<h1>bitnet-diff: {}</h1>\n", escape(&c.counts.line()));
+    body.push_str(&html::meta(&[("base", escape(&c.base)), ("new", escape(&c.new)), ("method", escape(&method(c)))]));
+    for w in &c.env_warnings {
+        body.push_str(&html::note(&format!("warning: {w}")));
+    }
+    for n in &c.notes {
+        body.push_str(&html::note(n));
+    }
+    let names = |v: &[bitnet_report::Config]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    for (what, items) in [
+        (format!("Only in {} (added)", c.new), names(&c.added)),
+        (format!("Only in {} (removed)", c.base), names(&c.removed)),
+        ("Not compared".to_string(), c.not_compared.clone()),
+    ] {
+        if !items.is_empty() {
+            let list: String = items.iter().map(|x| format!("<li>{}</li>", escape(x))).collect();
+            let _ = writeln!(body, "<h2>{}</h2>\n<ul>{list}</ul>", escape(&what));
+        }
+    }
+    let columns = vec![
+        Column::label("configuration", "the paired configuration (model kernel/isa B ctx kv threads)"),
+        Column::label("metric", "the compared figure").filtered(),
+        Column::count("base", "median of BASE's samples"),
+        Column::count("new", "median of NEW's samples"),
+        Column::new("change", "%", "median(new) / median(base) − 1"),
+        Column::label("95% CI", "95% bootstrap interval of the change in medians"),
+        Column::count("p", "Welch's two-sided p-value on the log samples"),
+        Column::label("verdict", "regression, improvement, unchanged or inconclusive").filtered(),
+    ];
+    let rows = c
+        .pairs
+        .iter()
+        .flat_map(|p| {
+            p.metrics.iter().map(move |m| {
+                let ci =
+                    if m.p_value.is_some() { format!("[{}, {}]", pct(m.ci_low), pct(m.ci_high)) } else { "-".into() };
+                vec![
+                    Cell::text(pair_label(p)),
+                    Cell::text(&m.metric),
+                    Cell::number(m.base_median, significant(m.base_median, 4))
+                        .titled(format!("{}, n {}", m.base_median, m.n_base)),
+                    Cell::number(m.new_median, significant(m.new_median, 4))
+                        .titled(format!("{}, n {}", m.new_median, m.n_new)),
+                    Cell::number(m.change * 100.0, pct(m.change)),
+                    Cell::text(ci),
+                    m.p_value.map_or(Cell::none(), |v| Cell::number(v, format!("{v:.3}"))),
+                    match &m.note {
+                        Some(n) => Cell::text(m.verdict.name()).titled(n.clone()),
+                        None => Cell::text(m.verdict.name()),
+                    },
+                ]
+            })
+        })
+        .collect();
+    body.push_str("<h2>Compared</h2>\n");
+    body.push_str(&Table { id: "diff".into(), columns, rows }.to_html());
+    html::page(&format!("bitnet-diff: {} → {}", c.base, c.new), &body)
 }

@@ -77,6 +77,26 @@ fn exit_codes_and_formats() {
 }
 
 #[test]
+fn the_html_page_holds_every_compared_figure() {
+    let dir = tmp("html");
+    let d = dir.path();
+    let slow = edited(d, "slow <&>.json", |v| scale_samples(v, 0.75));
+    let quiet = data("quiet.json");
+    let page = d.join("diff.html");
+    let (code, _, err) = run(&[&quiet, &slow, "--format", "html", "--output", page.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let (_, json, _) = run(&[&quiet, &slow, "--format", "json"]);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let figures: usize = j["pairs"].as_array().unwrap().iter().map(|p| p["metrics"].as_array().unwrap().len()).sum();
+    assert!(html.starts_with("<!doctype html>") && html.contains("<h1>bitnet-diff: 4 regressions,"), "{html}");
+    assert_eq!(html.lines().filter(|l| l.starts_with("<tr><td>")).count(), figures);
+    assert_eq!(html.matches("<td>regression</td>").count(), 4);
+    assert!(html.contains("slow &lt;&amp;&gt;.json") && !html.contains("slow <&>"), "file names escaped");
+    assert!(html.contains("<select data-col=\"1\">") && html.contains("<select data-col=\"7\">"), "filters");
+}
+
+#[test]
 fn a_roofline_fraction_taken_at_another_bus_level_is_inconclusive() {
     let dir = tmp("levels");
     let d = dir.path();
