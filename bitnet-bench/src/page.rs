@@ -183,7 +183,7 @@ fn notes(r: &Report) -> String {
 
 fn write_page(title: &str, about: &str, r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
-    let charts = crate::plots::charts(r)?;
+    let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r)?;
     let mut body = format!("<h1>bitnet-bench: {}</h1>\n{about}", escape(title));
     let mut all_links: Vec<(String, String)> = links.iter().map(|p| (relative(p, dir), file_name(p))).collect();
     all_links.extend(charts.iter().map(|(file, _, _)| (file.clone(), file.clone())));
@@ -197,12 +197,16 @@ fn write_page(title: &str, about: &str, r: &Report, dir: &Path, links: &[PathBuf
     body.push_str("<h2>Results</h2>\n");
     body.push_str(&results_table(r).to_html());
     body.push_str(&format!("<p class=\"legend\">{}</p>\n", escape(&output::legend(r))));
-    if !charts.is_empty() {
+    if !charts.is_empty() || !not_drawn.is_empty() {
         body.push_str("<h2>Charts</h2>\n");
     }
     for (file, title, svg) in &charts {
         bitnet_report::files::write_atomic(&dir.join(file), svg.as_bytes())?;
         body.push_str(&format!("<figure><figcaption>{}</figcaption>\n{svg}\n</figure>\n", escape(title)));
+    }
+    if !not_drawn.is_empty() {
+        let list: String = not_drawn.iter().map(|n| format!("<li>{}</li>", escape(n))).collect();
+        body.push_str(&format!("<p class=\"legend\">Not drawn:</p><ul class=\"legend\">{list}</ul>\n"));
     }
     let page = html::page(&format!("bitnet-bench: {title}"), &body);
     bitnet_report::files::write_atomic(&dir.join("index.html"), page.as_bytes())?;

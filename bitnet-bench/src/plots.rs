@@ -1,12 +1,15 @@
-//! SVG charts of a report, drawn by `plotters` with its SVG backend (text is SVG `<text>`, so
-//! no system font is needed); the page that holds them is [`crate::page`]'s.
+//! The charts of a report's page ([`crate::page`]): lines on log₂ axes and labelled bars with
+//! their ceilings, drawn by `bitnet_report::svg`; the stage breakdown and the history trend
+//! (`bitnet-diff --history --plot`) by `plotters` with its SVG backend.
 
 use std::collections::BTreeMap;
 
 use anyhow::Result;
 use plotters::prelude::*;
 
+use bitnet_report::html::significant;
 use bitnet_report::report::{BenchResult, Report};
+use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series};
 
 const W: u32 = 760;
 const H: u32 = 440;
@@ -142,12 +145,13 @@ fn short(r: &BenchResult, with_model: bool) -> String {
     }
 }
 
-/// The latency chart's title and lines: decode step latency vs context length at the report's
-/// smallest batch. With one kind of run (model, kernel, threads and KV precision) a line per
-/// percentile (p50, p90, p95, p99); with several, p50 and p99 of each, labelled by what tells
-/// the runs apart. Every run at that batch is drawn (a `show` of llama-bench's f16 run beside
-/// our int8 one kept only the first result's precision before), and no line joins unlike runs.
-fn latency_lines(r: &Report) -> Option<(String, Lines)> {
+/// The latency chart's title and series: decode step latency vs context length at the
+/// report's smallest batch. With one kind of run (model, kernel, threads and KV precision) a
+/// series per percentile (p50, p90, p95, p99); with several, p50 and p99 of each, labelled by
+/// what tells the runs apart. Every run at that batch is drawn (a `show` of llama-bench's f16
+/// run beside our int8 one kept only the first result's precision before), and no line joins
+/// unlike runs.
+fn latency_series(r: &Report) -> Option<(String, Vec<Series>)> {
     let b = r.results.iter().map(|x| x.config.batch).min()?;
     let at_b: Vec<&BenchResult> = r.results.iter().filter(|x| x.config.batch == b).collect();
     // Which of model, kernel, threads and precision differ between the runs: those label the lines.
@@ -159,7 +163,7 @@ fn latency_lines(r: &Report) -> Option<(String, Lines)> {
         })
         .collect();
     let varies: [bool; 4] = std::array::from_fn(|i| parts.iter().any(|p| p[i] != parts[0][i]));
-    let mut lat = Lines::new();
+    let mut lat: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     for (x, p) in at_b.iter().zip(&parts) {
         let (l, c) = (&x.decode.latency_ms, &x.config);
         let label: String = p.iter().zip(varies).filter(|(_, v)| *v).map(|(s, _)| format!(" {s}")).collect();
@@ -169,40 +173,103 @@ fn latency_lines(r: &Report) -> Option<(String, Lines)> {
             &[("p50", l.p50()), ("p99", l.p99())]
         };
         for (name, v) in percentiles {
-            lat.entry(format!("{name}{label}")).or_default().push((c.context_length as f64, *v));
+            let hover =
+                format!("{name}{label} at context {}: {v:.3} ms ({} steps)", c.context_length, l.samples().len());
+            lat.entry(format!("{name}{label}")).or_default().push(Point {
+                x: c.context_length as f64,
+                y: *v,
+                ci: None,
+                hover,
+            });
         }
     }
-    lat.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
     let t = if varies[3] {
         format!("Inter-token latency vs context length (batch {b})")
     } else {
         format!("Inter-token latency vs context length (batch {b}, KV {})", at_b[0].config.kv_precision)
     };
-    Some((t, lat))
+    Some((t, lat.into_iter().map(|(name, points)| Series { name, points }).collect()))
 }
 
-/// Every chart of the report: (file name, title, SVG).
-pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
-    let mut out = Vec::new();
+/// The charts of a report, and a sentence for each one left out because its axis has one value
+/// (the table holds that number) or it has nothing to draw.
+pub struct Charts {
+    /// (file name, title, SVG).
+    pub drawn: Vec<(String, String, String)>,
+    pub not_drawn: Vec<String>,
+}
+
+fn distinct(v: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut v: Vec<usize> = v.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// A point of a [`Stat`](bitnet_report::Stat) at `x`: its median, its 95% interval, its values on hover.
+fn stat_point(x: f64, s: &bitnet_report::Stat, what: &str) -> Point {
+    Point {
+        x,
+        y: s.median(),
+        ci: (s.n() > 1).then(|| (s.ci95_low(), s.ci95_high())),
+        hover: format!(
+            "{what}: median {}, 95% CI {} to {}, {} runs",
+            significant(s.median(), 5),
+            significant(s.ci95_low(), 5),
+            significant(s.ci95_high(), 5),
+            s.n()
+        ),
+    }
+}
+
+/// Every chart of the report.
+pub fn charts(r: &Report) -> Result<Charts> {
+    let mut out = Charts { drawn: Vec::new(), not_drawn: Vec::new() };
     let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
     let model = |x: &BenchResult| if several_models { format!("{} ", x.config.model) } else { String::new() };
-    // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
-    let mut tg = Lines::new();
-    for x in &r.results {
-        let c = &x.config;
-        let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
-        tg.entry(key).or_default().push((c.batch as f64, x.decode.tokens_per_sec.median()));
+    if r.results.is_empty() {
+        return Ok(out);
     }
-    tg.values_mut().for_each(|v| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
-    // A chart with nothing to draw is left out (a sweep interrupted in its first combination,
-    // the roofline of an imported run), not drawn empty.
-    if !tg.is_empty() {
+    // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
+    let batches = distinct(r.results.iter().map(|x| x.config.batch));
+    if batches.len() > 1 {
+        let mut tg: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+        for x in &r.results {
+            let c = &x.config;
+            let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
+            let what = format!("{key}, batch {}", c.batch);
+            tg.entry(key).or_default().push(stat_point(c.batch as f64, &x.decode.tokens_per_sec, &what));
+        }
         let t = "Decode tokens/s vs batch size";
-        out.push(("decode_vs_batch.svg".into(), t.into(), line_chart(t, "batch size", "tokens/s (median)", &tg)?));
+        let chart = LineChart {
+            title: t.into(),
+            x_label: "batch size".into(),
+            y_label: "tokens/s (median, 95% CI)".into(),
+            series: tg.into_iter().map(|(name, points)| Series { name, points }).collect(),
+            ceilings: vec![],
+        };
+        out.drawn.push(("decode_vs_batch.svg".into(), t.into(), chart.to_svg()));
+    } else {
+        out.not_drawn
+            .push(format!("decode tokens/s vs batch size: one batch size ({}); the table has its figures", batches[0]));
     }
 
-    if let Some((t, lat)) = latency_lines(r) {
-        out.push(("latency_vs_context.svg".into(), t.clone(), line_chart(&t, "context length", "ms", &lat)?));
+    let contexts = distinct(r.results.iter().map(|x| x.config.context_length));
+    match latency_series(r) {
+        Some((t, series)) if contexts.len() > 1 => {
+            let chart = LineChart {
+                title: t.clone(),
+                x_label: "context length".into(),
+                y_label: "ms per step".into(),
+                series,
+                ceilings: vec![],
+            };
+            out.drawn.push(("latency_vs_context.svg".into(), t, chart.to_svg()));
+        }
+        _ => out.not_drawn.push(format!(
+            "inter-token latency vs context length: one context length ({}); the table has p50 and p99",
+            contexts[0]
+        )),
     }
 
     // KV cache bytes and quality cost per precision, at the largest batch × context.
@@ -213,26 +280,48 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
             *e = x;
         }
     }
-    let kv_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
+    let kv_bars: Vec<Bar> = per_kv
         .iter()
         .filter_map(|(k, x)| {
-            crate::output::kv_cache_known(x).map(|b| (k.clone(), vec![("KV MiB".into(), b as f64 / 1048576.0)]))
+            crate::output::kv_cache_known(x).map(|b| Bar {
+                label: k.clone(),
+                value: b as f64 / 1048576.0,
+                ci: None,
+                hover: format!("{k}: {b} bytes at batch {} × context {}", x.config.batch, x.config.context_length),
+            })
         })
         .collect();
     if !kv_bars.is_empty() {
         let t = "KV cache size per precision (largest batch × context)";
-        out.push(("kv_bytes.svg".into(), t.into(), bar_chart(t, "MiB", &kv_bars)?));
+        let chart = BarChart { title: t.into(), y_label: "MiB".into(), bars: kv_bars, ceilings: vec![] };
+        out.drawn.push(("kv_bytes.svg".into(), t.into(), chart.to_svg()));
     }
-    let q_bars: Vec<(String, Vec<(String, f64)>)> = per_kv
-        .iter()
-        .filter_map(|(k, x)| {
-            // Synthetic figures estimate no model's quality: not drawn as if they did.
-            x.quality.as_ref().filter(|q| q.is_real()).map(|q| (k.clone(), vec![("KL".into(), q.kl_divergence)]))
-        })
-        .collect();
-    if !q_bars.is_empty() {
-        let t = "Quality cost per KV precision on real text (KL divergence from f32 KV, nats)";
-        out.push(("kv_quality.svg".into(), t.into(), bar_chart(t, "KL (nats)", &q_bars)?));
+    // Synthetic figures estimate no model's quality: not drawn as if they did.
+    let real: Vec<(&String, &bitnet_report::report::Quality)> =
+        per_kv.iter().filter_map(|(k, x)| x.quality.as_ref().filter(|q| q.is_real()).map(|q| (k, q))).collect();
+    if let Some((_, q0)) = real.first() {
+        let bars = real
+            .iter()
+            .map(|(k, q)| Bar {
+                label: (*k).clone(),
+                value: q.kl_divergence,
+                ci: None,
+                hover: format!(
+                    "{k}: KL {:.5} nats, top-1 agreement {:.1}%, {} positions",
+                    q.kl_divergence,
+                    q.top1_agreement * 100.0,
+                    q.positions
+                ),
+            })
+            .collect();
+        let source = match (&q0.text, &q0.model) {
+            (Some(t), Some(m)) => format!(" ({t}, model {m})"),
+            (Some(t), None) => format!(" ({t})"),
+            _ => String::new(),
+        };
+        let t = format!("Quality cost per KV precision: KL divergence from f32 KV on real text{source}");
+        let chart = BarChart { title: t.clone(), y_label: "KL divergence (nats)".into(), bars, ceilings: vec![] };
+        out.drawn.push(("kv_quality.svg".into(), t, chart.to_svg()));
     }
 
     // Stage breakdown, stacked shares per combination.
@@ -247,33 +336,72 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String, String)>> {
         .collect();
     if !stage_bars.is_empty() {
         let t = "Decode time by stage (% of stage time)";
-        out.push(("stages.svg".into(), t.into(), bar_chart(t, "%", &stage_bars)?));
+        out.drawn.push(("stages.svg".into(), t.into(), bar_chart(t, "%", &stage_bars)?));
     }
 
-    // Roofline fraction per combination (where known: not for an imported llama-bench run).
-    let roof: Vec<(String, Vec<(String, f64)>)> = r
+    // The bandwidth roofline: each combination's decode read rate against the measured bandwidth.
+    let roof: Vec<Bar> = r
         .results
         .iter()
         .filter_map(|x| {
-            crate::output::roofline_known(x).map(|f| (short(x, several_models), vec![("roofline".into(), f * 100.0)]))
+            crate::output::roofline_known(x).map(|f| {
+                let gbps =
+                    x.decode.bytes_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
+                Bar {
+                    label: short(x, several_models),
+                    value: gbps,
+                    ci: None,
+                    hover: format!(
+                        "{}: {gbps:.2} GB/s read, {:.1}% of the roofline",
+                        short(x, several_models),
+                        f * 100.0
+                    ),
+                }
+            })
         })
         .collect();
     if !roof.is_empty() {
-        let t = "Decode bandwidth as % of the measured read bandwidth";
-        out.push(("roofline.svg".into(), t.into(), bar_chart(t, "% of roofline", &roof)?));
+        let t = "Decode read rate against the measured read bandwidth";
+        let ceilings = r
+            .roofline
+            .by_threads
+            .iter()
+            .map(|(t, g)| Ceiling { label: format!("read bandwidth {g:.1} GB/s ({t} threads)"), y: *g })
+            .collect();
+        let chart = BarChart { title: t.into(), y_label: "GB/s".into(), bars: roof, ceilings };
+        out.drawn.push(("roofline.svg".into(), t.into(), chart.to_svg()));
     }
 
-    // Compute fraction per combination (where the sweep measured an int8 peak).
-    let compute: Vec<(String, Vec<(String, f64)>)> = r
+    // The compute roofline: multiply-adds per second against the int8 peak.
+    let compute: Vec<Bar> = r
         .results
         .iter()
         .filter_map(|x| {
-            x.decode.compute_fraction.map(|f| (short(x, several_models), vec![("compute".into(), f * 100.0)]))
+            x.decode.compute_fraction.map(|f| {
+                let g = x.decode.macs_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
+                Bar {
+                    label: short(x, several_models),
+                    value: g,
+                    ci: None,
+                    hover: format!(
+                        "{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak",
+                        short(x, several_models),
+                        f * 100.0
+                    ),
+                }
+            })
         })
         .collect();
     if !compute.is_empty() {
-        let t = "Decode multiply-adds as % of the measured int8 peak";
-        out.push(("compute.svg".into(), t.into(), bar_chart(t, "% of int8 peak", &compute)?));
+        let t = "Decode multiply-adds against the measured int8 peak";
+        let ceilings = r
+            .roofline
+            .int8_peak_gmacs
+            .iter()
+            .map(|(k, g)| Ceiling { label: format!("int8 peak {k} {g:.0} G/s"), y: *g })
+            .collect();
+        let chart = BarChart { title: t.into(), y_label: "G multiply-adds/s".into(), bars: compute, ceilings };
+        out.drawn.push(("compute.svg".into(), t.into(), chart.to_svg()));
     }
     Ok(out)
 }

@@ -408,19 +408,14 @@ fn charts_and_page_are_written_for_a_report() {
     let dir = scratch.path();
     bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
-    for f in [
-        "decode_vs_batch.svg",
-        "latency_vs_context.svg",
-        "kv_bytes.svg",
-        "kv_quality.svg",
-        "stages.svg",
-        "roofline.svg",
-        "compute.svg",
-    ] {
+    for f in ["decode_vs_batch.svg", "kv_bytes.svg", "kv_quality.svg", "stages.svg", "roofline.svg", "compute.svg"] {
         let svg = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(svg.contains("<svg"), "{f}");
     }
-    assert_eq!(html.matches("<svg").count(), 7, "every chart inlined: the page needs no other file");
+    assert_eq!(html.matches("<svg").count(), 6, "every chart inlined: the page needs no other file");
+    // One context length: a number in the table, not a one-point chart.
+    assert!(!dir.join("latency_vs_context.svg").exists());
+    assert!(html.contains("<li>inter-token latency vs context length: one context length (8)"), "{html}");
     // The table as a person reads it: names and units, not CSV column names; values rounded to
     // their interval, the interval shown.
     assert!(!html.contains("decode_tokens_per_sec_median") && !html.contains("_ci95_"), "raw CSV names");
@@ -471,17 +466,28 @@ fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
 fn the_latency_chart_draws_every_kv_precision_at_the_smallest_batch() {
     let latency = |r: &Report| {
         let charts = bitnet_bench::plots::charts(r).unwrap();
-        let (_, title, svg) = charts.into_iter().find(|c| c.0 == "latency_vs_context.svg").unwrap();
+        let (_, title, svg) = charts.drawn.into_iter().find(|c| c.0 == "latency_vs_context.svg").unwrap();
         (title, svg)
     };
     // The first result int8, as in a `show` of our int8 run beside llama-bench's f16 one: the
-    // chart had drawn the first result's precision only.
+    // chart had drawn the first result's precision only. Two context lengths, so there is an
+    // axis to draw.
     let mut r = sweep(None);
+    let longer: Vec<_> = r
+        .results
+        .iter()
+        .map(|x| {
+            let mut y = x.clone();
+            y.config.context_length *= 2;
+            y
+        })
+        .collect();
+    r.results.extend(longer);
     r.results.sort_by_key(|x| x.config.kv_precision != "int8");
     let (title, svg) = latency(&r);
     assert_eq!(title, "Inter-token latency vs context length (batch 1)");
     for label in ["p50 KV int8", "p99 KV int8", "p50 KV f16", "p99 KV f16"] {
-        assert!(svg.contains(&format!(">\n{label}\n<")), "{label} missing");
+        assert!(svg.contains(&format!(">{label}</text>")), "{label} missing");
     }
     assert!(!svg.contains("p90"), "two kinds of run: p50 and p99 each");
     // One kind of run: a line per percentile, the precision in the title.
@@ -489,7 +495,7 @@ fn the_latency_chart_draws_every_kv_precision_at_the_smallest_batch() {
     let (title, svg) = latency(&r);
     assert_eq!(title, "Inter-token latency vs context length (batch 1, KV f16)");
     for label in ["p50", "p90", "p95", "p99"] {
-        assert!(svg.contains(&format!(">\n{label}\n<")), "{label} missing");
+        assert!(svg.contains(&format!(">{label}</text>")), "{label} missing");
     }
 }
 

@@ -245,11 +245,10 @@ fn llama_bench_json_imports_into_a_valid_report() {
     let html = std::fs::read_to_string(plots.join("index.html")).unwrap();
     assert!(html.contains("llama.cpp") && html.contains(ours), "both reports are on the page");
     // Two models: their series are told apart by name, not joined into one line.
-    let chart = std::fs::read_to_string(plots.join("decode_vs_batch.svg")).unwrap();
-    assert!(
-        chart.contains("bitnet-b1.58-large f16 ctx 16 i2s t2") && chart.contains(" f16 ctx 32 llama.cpp t2"),
-        "{chart}"
-    );
+    let chart = std::fs::read_to_string(plots.join("latency_vs_context.svg")).unwrap();
+    assert!(chart.contains(">p50 bitnet-b1.58-large i2s") && chart.contains(" llama.cpp"), "{chart}");
+    // One batch size: no decode-vs-batch chart, a note instead.
+    assert!(html.contains("decode tokens/s vs batch size: one batch size (1)"), "{html}");
     // One configuration in two reports: which is which could not be told.
     let (code, _, err) = run(&["show", ours, ours]);
     assert_eq!(code, 2);

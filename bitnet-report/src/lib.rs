@@ -7,7 +7,8 @@
 //! - [`roofline`]: the roofline section and the fractions derived from it;
 //! - [`mod@load`]: parsing and checking a report file; [`mod@merge`]: pooling runs of one build;
 //! - [`system`]: the machine fingerprint's fields; [`perplexity`]: the perplexity result;
-//! - [`files`]: writing output files atomically; [`html`]: self-contained pages in one style;
+//! - [`files`]: writing output files atomically; [`html`]: self-contained pages in one style,
+//!   [`svg`]: their charts;
 //!   [`error`]: what can go wrong.
 //!
 //! Raw samples are the single source of truth: a `Stat` or `Latency` is built from its samples
@@ -24,6 +25,7 @@ pub mod report;
 pub mod report_fields;
 pub mod roofline;
 pub mod stats;
+pub mod svg;
 pub mod system;
 
 pub use error::ReportError;
