@@ -106,19 +106,22 @@ pub fn header(r: &Report) -> String {
 /// What the quality columns were measured on, when on real text: `; KV quality on
 /// rustdocs-heldout.txt (72788 bytes, sha256 …), 256 positions, model rustdocs-bitnet-i2_s.gguf`.
 fn quality_note(r: &Report) -> String {
-    let Some(q) = r.results.iter().filter_map(|x| x.quality.as_ref()).find(|q| q.is_real()) else {
-        return String::new();
-    };
-    format!(
-        "; KV quality on {}, {} positions{}",
+    quality_source(r).map_or(String::new(), |q| format!("; KV quality on {q}"))
+}
+
+/// The text, positions and model of a report's real-text quality figures, if it has any.
+pub fn quality_source(r: &Report) -> Option<String> {
+    let q = r.results.iter().filter_map(|x| x.quality.as_ref()).find(|q| q.is_real())?;
+    Some(format!(
+        "{}, {} positions{}",
         q.text.as_deref().unwrap_or("text"),
         q.positions,
         q.model.as_ref().map_or(String::new(), |m| format!(", model {m}"))
-    )
+    ))
 }
 
 /// A probe's size: `1 GiB`, `64 MiB`, `1.5 MiB`.
-fn mib(bytes: u64) -> String {
+pub fn mib(bytes: u64) -> String {
     let m = bytes as f64 / 1048576.0;
     if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)

@@ -121,6 +121,9 @@ fn about(r: &Report) -> String {
         let peaks: Vec<String> = r.roofline.int8_peak_gmacs.iter().map(|(k, g)| format!("{k} {g:.1}")).collect();
         items.push(("int8 peak", escape(&format!("{} G multiply-adds/s", peaks.join(", ")))));
     }
+    if let Some(q) = output::quality_source(r) {
+        items.push(("KV quality on", escape(&q)));
+    }
     items.push((
         "settings",
         escape(&format!(
@@ -157,7 +160,7 @@ fn bandwidth(r: &Report) -> String {
         f.read_bandwidth_gbps,
         f.threads,
         if f.threads == 1 { "" } else { "s" },
-        f.probe_bytes.map_or("probe size not recorded".into(), |b| format!("{} MiB probe", b >> 20)),
+        f.probe_bytes.map_or("probe size not recorded".into(), |b| format!("{} probe", output::mib(b))),
         probes.unwrap_or_default()
     )
 }
