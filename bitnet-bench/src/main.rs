@@ -485,7 +485,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             if let Some(d) = &plots {
                 let links: Vec<PathBuf> = csv.iter().chain(&markdown).cloned().collect();
-                bitnet_bench::page::write_all_with(&title, &headers, &all, d, &links)?;
+                bitnet_bench::page::write_all_with(&title, &reports, &all, d, &links)?;
             }
             return Ok(());
         }

@@ -102,19 +102,7 @@ fn about(r: &Report) -> String {
             )),
         ),
         ("weights", escape(&m.source)),
-        (
-            "machine",
-            escape(&format!(
-                "{}{}, {} cores / {} CPUs, kernels {}, {}{}",
-                s.cpu_model,
-                s.cpu_id.as_ref().map_or(String::new(), |id| format!(" ({id})")),
-                s.physical_cores,
-                s.logical_cpus,
-                s.isa.join(", "),
-                s.os,
-                s.transparent_hugepage.as_ref().map_or(String::new(), |t| format!(", THP {t}")),
-            )),
-        ),
+        ("machine", escape(&machine(s))),
         ("read bandwidth", escape(&bandwidth(r))),
     ];
     if !r.roofline.int8_peak_gmacs.is_empty() {
@@ -146,9 +134,29 @@ fn about(r: &Report) -> String {
     html::meta(&items)
 }
 
-/// `30.4 GB/s with 2 threads (1 GiB probe; probes 27.1, 30.4: 11% apart)`.
+/// The CPU, its cores, the kernels' ISA, the OS and THP mode, leaving out what a report does
+/// not know (an imported llama-bench run records its CPU's name only).
+fn machine(s: &bitnet_report::system::System) -> String {
+    let mut parts =
+        vec![format!("{}{}", s.cpu_model, s.cpu_id.as_ref().map_or(String::new(), |id| format!(" ({id})")))];
+    if s.physical_cores > 0 {
+        parts.push(format!("{} cores / {} CPUs", s.physical_cores, s.logical_cpus));
+    }
+    if !s.isa.is_empty() {
+        parts.push(format!("kernels {}", s.isa.join(", ")));
+    }
+    parts.extend([s.os.clone()].into_iter().filter(|o| !o.is_empty()));
+    parts.extend(s.transparent_hugepage.as_ref().map(|t| format!("THP {t}")));
+    parts.join(", ")
+}
+
+/// `30.4 GB/s with 2 threads (1 GiB probe; probes 27.1, 30.4: 11% apart)`; "not measured"
+/// for an imported run.
 fn bandwidth(r: &Report) -> String {
     let f = &r.roofline;
+    if f.read_bandwidth_gbps <= 0.0 {
+        return "not measured".into();
+    }
     let probes = f.probes_gbps.get(&f.threads.to_string()).filter(|p| p.len() > 1).map(|p| {
         let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
         let hi = p.iter().copied().fold(f64::MIN, f64::max);
@@ -169,24 +177,37 @@ fn bandwidth(r: &Report) -> String {
 /// files the run wrote (JSON, CSV, Markdown), linked relative to `dir` where they can be.
 pub fn write_all(r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
     let body = format!("{}{}", about(r), notes(r));
-    write_page(&r.model.name, &body, r, dir, links)
+    write_page(&r.model.name, &body, r, &[], dir, links)
 }
 
-/// [`write_all`] for several reports shown as one (`show`): a paragraph per report instead of
-/// one report's details.
-pub fn write_all_with(title: &str, headers: &[String], r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
-    let mut body: String = headers.iter().map(|h| format!("<p>{}</p>\n", escape(h))).collect();
-    body.push_str(&notes(r));
-    write_page(title, &body, r, dir, links)
+/// [`write_all`] for several reports shown as one (`show`; `all` is
+/// [`output::side_by_side`]'s): each report's details under its file name, and the charts'
+/// series labelled by report.
+pub fn write_all_with(
+    title: &str,
+    reports: &[(String, Report)],
+    all: &Report,
+    dir: &Path,
+    links: &[PathBuf],
+) -> Result<()> {
+    let mut body = String::new();
+    let mut sources = Vec::new();
+    for (name, r) in reports {
+        body.push_str(&format!("<h3>{}</h3>\n{}", escape(name), about(r)));
+        let stem = Path::new(name).file_stem().map_or(name.clone(), |s| s.to_string_lossy().into_owned());
+        sources.extend(std::iter::repeat_n(stem, r.results.len()));
+    }
+    body.push_str(&notes(all));
+    write_page(title, &body, all, &sources, dir, links)
 }
 
 fn notes(r: &Report) -> String {
     output::warnings(r).iter().map(|w| html::note(w)).collect()
 }
 
-fn write_page(title: &str, about: &str, r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
+fn write_page(title: &str, about: &str, r: &Report, sources: &[String], dir: &Path, links: &[PathBuf]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
-    let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r)?;
+    let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r, sources)?;
     let mut body = format!("<h1>bitnet-bench: {}</h1>\n{about}", escape(title));
     let mut all_links: Vec<(String, String)> = links.iter().map(|p| (relative(p, dir), file_name(p))).collect();
     all_links.extend(charts.iter().map(|(file, _, _)| (file.clone(), file.clone())));

@@ -151,18 +151,21 @@ fn short(r: &BenchResult, with_model: bool) -> String {
 /// what tells the runs apart. Every run at that batch is drawn (a `show` of llama-bench's f16
 /// run beside our int8 one kept only the first result's precision before), and no line joins
 /// unlike runs.
-fn latency_series(r: &Report) -> Option<(String, Vec<Series>)> {
+fn latency_series(r: &Report, sources: &[String]) -> Option<(String, Vec<Series>)> {
     let b = r.results.iter().map(|x| x.config.batch).min()?;
-    let at_b: Vec<&BenchResult> = r.results.iter().filter(|x| x.config.batch == b).collect();
-    // Which of model, kernel, threads and precision differ between the runs: those label the lines.
-    let parts: Vec<[String; 4]> = at_b
+    let at_b: Vec<(usize, &BenchResult)> = r.results.iter().enumerate().filter(|(_, x)| x.config.batch == b).collect();
+    // Which of report, model, kernel, threads and precision differ between the runs: those
+    // label the lines.
+    let parts: Vec<[String; 5]> = at_b
         .iter()
-        .map(|x| {
+        .map(|(i, x)| {
             let c = &x.config;
-            [c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)]
+            let source = sources.get(*i).cloned().unwrap_or_default();
+            [source, c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)]
         })
         .collect();
-    let varies: [bool; 4] = std::array::from_fn(|i| parts.iter().any(|p| p[i] != parts[0][i]));
+    let varies: [bool; 5] = std::array::from_fn(|i| parts.iter().any(|p| p[i] != parts[0][i]));
+    let at_b: Vec<&BenchResult> = at_b.into_iter().map(|(_, x)| x).collect();
     let mut lat: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     for (x, p) in at_b.iter().zip(&parts) {
         let (l, c) = (&x.decode.latency_ms, &x.config);
@@ -183,7 +186,7 @@ fn latency_series(r: &Report) -> Option<(String, Vec<Series>)> {
             });
         }
     }
-    let t = if varies[3] {
+    let t = if varies[4] {
         format!("Inter-token latency vs context length (batch {b})")
     } else {
         format!("Inter-token latency vs context length (batch {b}, KV {})", at_b[0].config.kv_precision)
@@ -222,11 +225,21 @@ fn stat_point(x: f64, s: &bitnet_report::Stat, what: &str) -> Point {
     }
 }
 
-/// Every chart of the report.
-pub fn charts(r: &Report) -> Result<Charts> {
+/// Every chart of the report. `sources` names the report each result came from (`show` of
+/// several: their series are labelled by it); empty for one report.
+pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let mut out = Charts { drawn: Vec::new(), not_drawn: Vec::new() };
     let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
-    let model = |x: &BenchResult| if several_models { format!("{} ", x.config.model) } else { String::new() };
+    let several_sources = sources.iter().any(|s| *s != sources[0]);
+    let sources: &[String] = if several_sources { sources } else { &[] };
+    // A result's series label starts with its report (several reports) and model (several models).
+    let who = |x: &BenchResult| {
+        let i = r.results.iter().position(|y| std::ptr::eq(x, y)).unwrap_or(0);
+        let source = sources.get(i).map_or(String::new(), |s| format!("{s}: "));
+        let model = if several_models { format!("{} ", x.config.model) } else { String::new() };
+        format!("{source}{model}")
+    };
+    let label = |x: &BenchResult| format!("{}{}", who(x), short(x, false));
     if r.results.is_empty() {
         return Ok(out);
     }
@@ -236,7 +249,7 @@ pub fn charts(r: &Report) -> Result<Charts> {
         let mut tg: BTreeMap<String, Vec<Point>> = BTreeMap::new();
         for x in &r.results {
             let c = &x.config;
-            let key = format!("{}{} ctx {} {} t{}", model(x), c.kv_precision, c.context_length, c.kernel, c.threads);
+            let key = format!("{}{} ctx {} {} t{}", who(x), c.kv_precision, c.context_length, c.kernel, c.threads);
             let what = format!("{key}, batch {}", c.batch);
             tg.entry(key).or_default().push(stat_point(c.batch as f64, &x.decode.tokens_per_sec, &what));
         }
@@ -255,7 +268,7 @@ pub fn charts(r: &Report) -> Result<Charts> {
     }
 
     let contexts = distinct(r.results.iter().map(|x| x.config.context_length));
-    match latency_series(r) {
+    match latency_series(r, sources) {
         Some((t, series)) if contexts.len() > 1 => {
             let chart = LineChart {
                 title: t.clone(),
@@ -275,7 +288,7 @@ pub fn charts(r: &Report) -> Result<Charts> {
     // KV cache bytes and quality cost per precision, at the largest batch × context.
     let mut per_kv: BTreeMap<String, &BenchResult> = BTreeMap::new();
     for x in &r.results {
-        let e = per_kv.entry(format!("{}{}", model(x), x.config.kv_precision)).or_insert(x);
+        let e = per_kv.entry(format!("{}{}", who(x), x.config.kv_precision)).or_insert(x);
         if x.memory.kv_cache_bytes > e.memory.kv_cache_bytes {
             *e = x;
         }
@@ -329,9 +342,7 @@ pub fn charts(r: &Report) -> Result<Charts> {
         .results
         .iter()
         .filter_map(|x| {
-            x.stages
-                .as_ref()
-                .map(|s| (short(x, several_models), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
+            x.stages.as_ref().map(|s| (label(x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
         })
         .collect();
     if !stage_bars.is_empty() {
@@ -348,14 +359,10 @@ pub fn charts(r: &Report) -> Result<Charts> {
                 let gbps =
                     x.decode.bytes_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
                 Bar {
-                    label: short(x, several_models),
+                    label: label(x),
                     value: gbps,
                     ci: None,
-                    hover: format!(
-                        "{}: {gbps:.2} GB/s read, {:.1}% of the roofline",
-                        short(x, several_models),
-                        f * 100.0
-                    ),
+                    hover: format!("{}: {gbps:.2} GB/s read, {:.1}% of the roofline", label(x), f * 100.0),
                 }
             })
         })
@@ -380,14 +387,10 @@ pub fn charts(r: &Report) -> Result<Charts> {
             x.decode.compute_fraction.map(|f| {
                 let g = x.decode.macs_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
                 Bar {
-                    label: short(x, several_models),
+                    label: label(x),
                     value: g,
                     ci: None,
-                    hover: format!(
-                        "{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak",
-                        short(x, several_models),
-                        f * 100.0
-                    ),
+                    hover: format!("{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak", label(x), f * 100.0),
                 }
             })
         })

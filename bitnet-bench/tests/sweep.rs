@@ -465,7 +465,7 @@ fn a_model_name_with_a_comma_stays_in_its_cell_of_the_page() {
 #[test]
 fn the_latency_chart_draws_every_kv_precision_at_the_smallest_batch() {
     let latency = |r: &Report| {
-        let charts = bitnet_bench::plots::charts(r).unwrap();
+        let charts = bitnet_bench::plots::charts(r, &[]).unwrap();
         let (_, title, svg) = charts.drawn.into_iter().find(|c| c.0 == "latency_vs_context.svg").unwrap();
         (title, svg)
     };

@@ -244,9 +244,15 @@ fn llama_bench_json_imports_into_a_valid_report() {
     assert!(std::fs::read_to_string(md).unwrap().contains("### bitnet-bench: bitnet-b1.58-large / "));
     let html = std::fs::read_to_string(plots.join("index.html")).unwrap();
     assert!(html.contains("llama.cpp") && html.contains(ours), "both reports are on the page");
-    // Two models: their series are told apart by name, not joined into one line.
+    // Two reports: each has its details under its file name, and the series are labelled by
+    // report (the file stem), not joined into one line.
+    assert!(html.contains(&format!("<h3>{ours}</h3>")) && html.contains(&format!("<h3>{lb}</h3>")), "{html}");
     let chart = std::fs::read_to_string(plots.join("latency_vs_context.svg")).unwrap();
-    assert!(chart.contains(">p50 bitnet-b1.58-large i2s") && chart.contains(" llama.cpp"), "{chart}");
+    // What an imported run does not know is left out or said, not printed as zeros.
+    assert!(!html.contains("0 cores / 0 CPUs") && html.contains("<dt>read bandwidth</dt><dd>not measured</dd>"));
+    let lb_stem = out.file_stem().unwrap().to_str().unwrap();
+    assert!(chart.contains(">p50 baseline-quick-avx2 bitnet-b1.58-large i2s"), "{chart}");
+    assert!(chart.contains(&format!(">p50 {lb_stem} ")), "{chart}");
     // One batch size: no decode-vs-batch chart, a note instead.
     assert!(html.contains("decode tokens/s vs batch size: one batch size (1)"), "{html}");
     // One configuration in two reports: which is which could not be told.

@@ -114,7 +114,9 @@ impl LineChart {
 
     pub fn to_svg(&self) -> String {
         let mut o = String::new();
-        frame(&mut o, &self.title, W, H);
+        // The canvas grows to the right to hold the longest series name in the legend.
+        let longest = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
+        frame(&mut o, &self.title, (W - R + 34.0 + 6.5 * longest as f64).max(W), H);
         let xs = self.xs();
         let top = self
             .series
@@ -350,6 +352,10 @@ mod tests {
         assert_eq!(svg.matches("h8M").count(), 3, "every point has its error bar");
         assert!(svg.contains("stroke-dasharray") && svg.contains(">peak 50</text>"), "the ceiling is drawn");
         assert!(svg.contains("<polyline"), "points joined in x order");
+        // A long series name widens the canvas instead of being cut.
+        let mut wide = c.clone();
+        wide.series[0].name = "x".repeat(60);
+        assert!(wide.to_svg().contains(&format!("width=\"{}\"", W - R + 34.0 + 6.5 * 60.0)));
     }
 
     #[test]
