@@ -254,7 +254,7 @@ pub fn legend(r: &Report) -> String {
     format!(
         "pp: prefill tokens/s (median); ttft: time to first token (median; with batch B, the B prompts prefilled one after another); tg: decode tokens/s (median, ± half the 95% CI of the mean); p50/p99: inter-token latency (p99* from fewer than {P99_MIN_STEPS} steps, where it is about the slowest one); roofline: bytes read per decode step × steps/s ÷ read bandwidth (median over the steps of further runs, one per measured run, each step against a {} probe right after it, not the header's bandwidth, which is the best of longer probes; \"of\" gives those probes' median GB/s, as the bus moves between levels); compute: multiply-adds per decode step (every weight of the linear layers and the LM head, once per sequence) × steps/s ÷ the header's int8 peak for the ISA and threads (batch decode's roofline, as bandwidth is batch 1's); kl / top1: KV precision's quality cost against f32 KV on real text (the header says which text and model: --quality-text, or for a preset the committed trained model's held-out text; perplexities in the JSON and CSV), or `synthetic` where measured on random token ids or weights, which estimate no model's quality.",
         mib(r.roofline.step_probe_bytes.unwrap_or(crate::sweep::ROOFLINE_PROBE_BYTES as u64))
-    ) + &above_probe_note(r)
+    ) + &above_probe_warning(r).map_or(String::new(), |w| format!(" WARNING: {w}"))
 }
 
 /// A warning where a roofline or compute fraction is above 100%: a run cannot outrun the bus
@@ -262,22 +262,22 @@ pub fn legend(r: &Report) -> String {
 /// another tenant on the core or the bus while it ran), and such a figure is not of this
 /// machine. Not for the compute of `tq1` and `xnor`, whose lookup and popcount forms multiply
 /// nothing and may pass 100% (see docs/kernels.md).
-fn above_probe_note(r: &Report) -> String {
+fn above_probe_warning(r: &Report) -> Option<String> {
     let roofline = r.results.iter().any(|x| roofline_known(x).is_some_and(|f| f > 1.0));
     let multiplies = |x: &&BenchResult| !matches!(x.config.kernel.as_str(), "tq1" | "xnor");
     let compute = r.results.iter().filter(multiplies).any(|x| {
         x.decode.compute_fraction.is_some_and(|f| f > 1.0) || x.prefill.compute_fraction.is_some_and(|f| f > 1.0)
     });
     let what = match (roofline, compute) {
-        (false, false) => return String::new(),
+        (false, false) => return None,
         (true, false) => "a roofline above 100%: its step probes",
         (false, true) => "a compute fraction above 100%: the int8 peak probes",
         (true, true) => "roofline and compute fractions above 100%: their probes",
     };
-    format!(
-        " WARNING: {what} read below what the run did (disturbed: another tenant or throttling while they ran), \
+    Some(format!(
+        "{what} read below what the run did (disturbed: another tenant or throttling while they ran), \
          so those figures are not of this machine; rerun on a quiet one."
-    )
+    ))
 }
 
 /// What a reader must not miss, one sentence each: an interrupted sweep, a bandwidth that moved
@@ -295,10 +295,7 @@ pub fn warnings(r: &Report) -> Vec<String> {
             spread * 100.0
         ));
     }
-    let above = above_probe_note(r);
-    if !above.is_empty() {
-        w.push(above.trim().trim_start_matches("WARNING: ").to_string());
-    }
+    w.extend(above_probe_warning(r));
     if r.results.iter().any(|x| x.quality.as_ref().is_some_and(|q| !q.is_real())) {
         w.push(
             "KV quality was measured on random token ids or weights (synthetic): it exercises the KV precisions' code but estimates no model's quality, so it is not shown as a figure."

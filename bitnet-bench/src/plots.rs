@@ -9,6 +9,7 @@ use plotters::prelude::*;
 
 use bitnet_report::html::significant;
 use bitnet_report::report::{BenchResult, Report};
+use bitnet_report::roofline::per_second;
 use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series};
 
 const W: u32 = 760;
@@ -232,14 +233,19 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
     let several_sources = sources.iter().any(|s| *s != sources[0]);
     let sources: &[String] = if several_sources { sources } else { &[] };
-    // A result's series label starts with its report (several reports) and model (several models).
-    let who = |x: &BenchResult| {
-        let i = r.results.iter().position(|y| std::ptr::eq(x, y)).unwrap_or(0);
-        let source = sources.get(i).map_or(String::new(), |s| format!("{s}: "));
-        let model = if several_models { format!("{} ", x.config.model) } else { String::new() };
-        format!("{source}{model}")
-    };
-    let label = |x: &BenchResult| format!("{}{}", who(x), short(x, false));
+    // A result's series label starts with its report (several reports) and model (several
+    // models); `who[i]` is result i's.
+    let who: Vec<String> = r
+        .results
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let source = sources.get(i).map_or(String::new(), |s| format!("{s}: "));
+            let model = if several_models { format!("{} ", x.config.model) } else { String::new() };
+            format!("{source}{model}")
+        })
+        .collect();
+    let label = |i: usize, x: &BenchResult| format!("{}{}", who[i], short(x, false));
     if r.results.is_empty() {
         return Ok(out);
     }
@@ -247,9 +253,9 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let batches = distinct(r.results.iter().map(|x| x.config.batch));
     if batches.len() > 1 {
         let mut tg: BTreeMap<String, Vec<Point>> = BTreeMap::new();
-        for x in &r.results {
+        for (i, x) in r.results.iter().enumerate() {
             let c = &x.config;
-            let key = format!("{}{} ctx {} {} t{}", who(x), c.kv_precision, c.context_length, c.kernel, c.threads);
+            let key = format!("{}{} ctx {} {} t{}", who[i], c.kv_precision, c.context_length, c.kernel, c.threads);
             let what = format!("{key}, batch {}", c.batch);
             tg.entry(key).or_default().push(stat_point(c.batch as f64, &x.decode.tokens_per_sec, &what));
         }
@@ -287,8 +293,8 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
 
     // KV cache bytes and quality cost per precision, at the largest batch × context.
     let mut per_kv: BTreeMap<String, &BenchResult> = BTreeMap::new();
-    for x in &r.results {
-        let e = per_kv.entry(format!("{}{}", who(x), x.config.kv_precision)).or_insert(x);
+    for (i, x) in r.results.iter().enumerate() {
+        let e = per_kv.entry(format!("{}{}", who[i], x.config.kv_precision)).or_insert(x);
         if x.memory.kv_cache_bytes > e.memory.kv_cache_bytes {
             *e = x;
         }
@@ -341,8 +347,9 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let stage_bars: Vec<(String, Vec<(String, f64)>)> = r
         .results
         .iter()
-        .filter_map(|x| {
-            x.stages.as_ref().map(|s| (label(x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
+        .enumerate()
+        .filter_map(|(i, x)| {
+            x.stages.as_ref().map(|s| (label(i, x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
         })
         .collect();
     if !stage_bars.is_empty() {
@@ -354,15 +361,16 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let roof: Vec<Bar> = r
         .results
         .iter()
-        .filter_map(|x| {
+        .enumerate()
+        .filter_map(|(i, x)| {
             crate::output::roofline_known(x).map(|f| {
                 let gbps =
-                    x.decode.bytes_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
+                    per_second(x.decode.bytes_per_step as f64, x.decode.tokens_per_sec.median(), x.config.batch) / 1e9;
                 Bar {
-                    label: label(x),
+                    label: label(i, x),
                     value: gbps,
                     ci: None,
-                    hover: format!("{}: {gbps:.2} GB/s read, {:.1}% of the roofline", label(x), f * 100.0),
+                    hover: format!("{}: {gbps:.2} GB/s read, {:.1}% of the roofline", label(i, x), f * 100.0),
                 }
             })
         })
@@ -383,14 +391,16 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
     let compute: Vec<Bar> = r
         .results
         .iter()
-        .filter_map(|x| {
+        .enumerate()
+        .filter_map(|(i, x)| {
             x.decode.compute_fraction.map(|f| {
-                let g = x.decode.macs_per_step as f64 * x.decode.tokens_per_sec.median() / x.config.batch as f64 / 1e9;
+                let g =
+                    per_second(x.decode.macs_per_step as f64, x.decode.tokens_per_sec.median(), x.config.batch) / 1e9;
                 Bar {
-                    label: label(x),
+                    label: label(i, x),
                     value: g,
                     ci: None,
-                    hover: format!("{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak", label(x), f * 100.0),
+                    hover: format!("{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak", label(i, x), f * 100.0),
                 }
             })
         })

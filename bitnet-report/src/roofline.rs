@@ -87,14 +87,20 @@ impl Roofline {
     }
 }
 
+/// An amount per decode step (bytes read, multiply-adds) per second: × tokens/s ÷ the batch
+/// (a step makes one token of each sequence).
+pub fn per_second(per_step: f64, tokens_per_sec: f64, batch: usize) -> f64 {
+    per_step * tokens_per_sec / batch as f64
+}
+
 /// Bytes read per decode step × steps per second ÷ bandwidth (GB/s).
 pub fn roofline_fraction(bytes_per_step: f64, tokens_per_sec: f64, batch: usize, bandwidth_gbps: f64) -> f64 {
-    bytes_per_step * tokens_per_sec / batch as f64 / (bandwidth_gbps * 1e9)
+    per_second(bytes_per_step, tokens_per_sec, batch) / (bandwidth_gbps * 1e9)
 }
 
 /// Multiply-adds per decode step × steps per second ÷ the int8 peak (G multiply-adds/s).
 pub fn compute_fraction(macs_per_step: f64, tokens_per_sec: f64, batch: usize, peak_gmacs: f64) -> f64 {
-    macs_per_step * tokens_per_sec / batch as f64 / (peak_gmacs * 1e9)
+    per_second(macs_per_step, tokens_per_sec, batch) / (peak_gmacs * 1e9)
 }
 
 /// The key of a compute peak in [`Roofline::int8_peak_gmacs`].
