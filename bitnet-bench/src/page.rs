@@ -207,7 +207,7 @@ fn notes(r: &Report) -> String {
 
 fn write_page(title: &str, about: &str, r: &Report, sources: &[String], dir: &Path, links: &[PathBuf]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
-    let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r, sources)?;
+    let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r, sources);
     let mut body = format!("<h1>bitnet-bench: {}</h1>\n{about}", escape(title));
     let mut all_links: Vec<(String, String)> = links.iter().map(|p| (relative(p, dir), file_name(p))).collect();
     all_links.extend(charts.iter().map(|(file, _, _)| (file.clone(), file.clone())));

@@ -1,138 +1,12 @@
-//! The charts of a report's page ([`crate::page`]): lines on log₂ axes and labelled bars with
-//! their ceilings, drawn by `bitnet_report::svg`; the stage breakdown and the history trend
-//! (`bitnet-diff --history --plot`) by `plotters` with its SVG backend.
+//! The charts of a report's page ([`crate::page`]): lines on log₂ axes, labelled bars with
+//! their ceilings and stacked stage bars, drawn by `bitnet_report::svg`.
 
 use std::collections::BTreeMap;
-
-use anyhow::Result;
-use plotters::prelude::*;
 
 use bitnet_report::html::significant;
 use bitnet_report::report::{BenchResult, Report};
 use bitnet_report::roofline::per_second;
-use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series};
-
-const W: u32 = 760;
-const H: u32 = 440;
-const COLORS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-];
-
-fn err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> anyhow::Error + '_ {
-    move |e| anyhow::anyhow!("drawing {what}: {e:?}")
-}
-
-/// Named series of (x, y) points.
-pub type Lines = BTreeMap<String, Vec<(f64, f64)>>;
-
-/// Lines of `y` against `x`, one per series.
-pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &Lines) -> Result<String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-        root.fill(&WHITE).map_err(err(title))?;
-        let xs = series.values().flatten().map(|p| p.0);
-        let ys = series.values().flatten().map(|p| p.1);
-        let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
-        let y1 = ys.fold(0f64, f64::max);
-        // One x value gets a unit-wide range around it; no points at all (callers skip such
-        // charts) a unit range at 0, not an infinite one.
-        let (x0, x1) = match (x0.is_finite(), x0 < x1) {
-            (true, true) => (x0, x1),
-            (true, false) => (x0 - 1.0, x0 + 1.0),
-            (false, _) => (0.0, 1.0),
-        };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, 0f64..(y1 * 1.15).max(1e-9))
-            .map_err(err(title))?;
-        chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(err(title))?;
-        for (i, (name, pts)) in series.iter().enumerate() {
-            let c = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-                .map_err(err(title))?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled()))).map_err(err(title))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err(title))?;
-        root.present().map_err(err(title))?;
-    }
-    Ok(svg)
-}
-
-/// Bars (one per label), each a stack of named parts.
-fn bar_chart(title: &str, y_label: &str, bars: &[(String, Vec<(String, f64)>)]) -> Result<String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (W.max(120 * bars.len() as u32), H)).into_drawing_area();
-        root.fill(&WHITE).map_err(err(title))?;
-        let top = bars.iter().map(|(_, parts)| parts.iter().map(|p| p.1).sum::<f64>()).fold(0f64, f64::max);
-        let n = bars.len().max(1);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(60)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..(top * 1.15).max(1e-9))
-            .map_err(err(title))?;
-        let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
-            .y_desc(y_label)
-            .draw()
-            .map_err(err(title))?;
-        let mut part_names: Vec<String> = Vec::new();
-        for (_, parts) in bars {
-            for (p, _) in parts {
-                if !part_names.contains(p) {
-                    part_names.push(p.clone());
-                }
-            }
-        }
-        for (pi, pname) in part_names.iter().enumerate() {
-            let c = COLORS[pi % COLORS.len()];
-            let rects = bars.iter().enumerate().filter_map(|(i, (_, parts))| {
-                let below: f64 = parts.iter().take_while(|p| &p.0 != pname).map(|p| p.1).sum();
-                let v = parts.iter().find(|p| &p.0 == pname)?.1;
-                Some(Rectangle::new([(i as f64 + 0.15, below), (i as f64 + 0.85, below + v)], c.filled()))
-            });
-            let s = chart.draw_series(rects).map_err(err(title))?;
-            if part_names.len() > 1 {
-                s.label(pname.clone()).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
-            }
-        }
-        if part_names.len() > 1 {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err(title))?;
-        }
-        root.present().map_err(err(title))?;
-    }
-    Ok(svg)
-}
+use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series, Stack, StackedBarChart, XAxis};
 
 /// A combination's short label; with the model first when a chart holds several
 /// (`bitnet-bench show` of two models).
@@ -228,7 +102,7 @@ fn stat_point(x: f64, s: &bitnet_report::Stat, what: &str) -> Point {
 
 /// Every chart of the report. `sources` names the report each result came from (`show` of
 /// several: their series are labelled by it); empty for one report.
-pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
+pub fn charts(r: &Report, sources: &[String]) -> Charts {
     let mut out = Charts { drawn: Vec::new(), not_drawn: Vec::new() };
     let several_models = r.results.iter().any(|x| x.config.model != r.results[0].config.model);
     let several_sources = sources.iter().any(|s| *s != sources[0]);
@@ -247,7 +121,7 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
         .collect();
     let label = |i: usize, x: &BenchResult| format!("{}{}", who[i], short(x, false));
     if r.results.is_empty() {
-        return Ok(out);
+        return out;
     }
     // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
     let batches = distinct(r.results.iter().map(|x| x.config.batch));
@@ -263,6 +137,7 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
         let chart = LineChart {
             title: t.into(),
             x_label: "batch size".into(),
+            x_axis: XAxis::Log2,
             y_label: "tokens/s (median, 95% CI)".into(),
             series: tg.into_iter().map(|(name, points)| Series { name, points }).collect(),
             ceilings: vec![],
@@ -279,6 +154,7 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
             let chart = LineChart {
                 title: t.clone(),
                 x_label: "context length".into(),
+                x_axis: XAxis::Log2,
                 y_label: "ms per step".into(),
                 series,
                 ceilings: vec![],
@@ -343,18 +219,31 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
         out.drawn.push(("kv_quality.svg".into(), t, chart.to_svg()));
     }
 
-    // Stage breakdown, stacked shares per combination.
-    let stage_bars: Vec<(String, Vec<(String, f64)>)> = r
+    // Stage breakdown: each combination's decode step as stacked shares of its stages.
+    // Stages by their summed share, the largest at the bottom of each bar.
+    let mut total: BTreeMap<&String, f64> = BTreeMap::new();
+    for s in r.results.iter().filter_map(|x| x.stages.as_ref()) {
+        for (k, v) in s {
+            *total.entry(k).or_default() += v.share;
+        }
+    }
+    let mut total: Vec<(&String, f64)> = total.into_iter().collect();
+    total.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let parts: Vec<String> = total.into_iter().map(|(k, _)| k.clone()).collect();
+    let stacks: Vec<Stack> = r
         .results
         .iter()
         .enumerate()
         .filter_map(|(i, x)| {
-            x.stages.as_ref().map(|s| (label(i, x), s.iter().map(|(k, v)| (k.clone(), v.share * 100.0)).collect()))
+            let s = x.stages.as_ref()?;
+            let values = parts.iter().map(|p| s.get(p).map_or(0.0, |v| v.share * 100.0)).collect();
+            Some(Stack { label: label(i, x), values })
         })
         .collect();
-    if !stage_bars.is_empty() {
+    if !stacks.is_empty() {
         let t = "Decode time by stage (% of stage time)";
-        out.drawn.push(("stages.svg".into(), t.into(), bar_chart(t, "%", &stage_bars)?));
+        let chart = StackedBarChart { title: t.into(), y_label: "%".into(), parts, bars: stacks };
+        out.drawn.push(("stages.svg".into(), t.into(), chart.to_svg()));
     }
 
     // The bandwidth roofline: each combination's decode read rate against the measured bandwidth.
@@ -416,5 +305,5 @@ pub fn charts(r: &Report, sources: &[String]) -> Result<Charts> {
         let chart = BarChart { title: t.into(), y_label: "G multiply-adds/s".into(), bars: compute, ceilings };
         out.drawn.push(("compute.svg".into(), t.into(), chart.to_svg()));
     }
-    Ok(out)
+    out
 }

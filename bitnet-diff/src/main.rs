@@ -220,8 +220,8 @@ fn perplexity_diff(
     Ok(Some(if fail { ExitCode::from(1) } else { ExitCode::SUCCESS }))
 }
 
-/// The run history database (`--db`): with the `history` feature (SQLite, plotters and
-/// bitnet-bench's history module); without it, `--db` is refused with what to rebuild.
+/// The run history database (`--db`): with the `history` feature (SQLite and bitnet-bench's
+/// history module); without it, `--db` is refused with what to rebuild.
 #[cfg(feature = "history")]
 mod stored {
     use std::process::ExitCode;
@@ -229,6 +229,9 @@ mod stored {
     use anyhow::{bail, Context, Result};
     use bitnet_diff::compare;
     use bitnet_report::files::write_atomic;
+    use bitnet_report::html::significant;
+    use bitnet_report::stats::Stat;
+    use bitnet_report::svg::{LineChart, Point, Series, XAxis};
 
     pub use bitnet_bench::history::latest_of;
 
@@ -246,15 +249,18 @@ mod stored {
         println!("{metric} (median) over {} runs of {}", runs.len(), db.display());
         println!("| run | created_at | commit | configuration | {metric} |");
         println!("|---|---|---|---|---|");
-        let mut series: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+        let mut series: std::collections::BTreeMap<String, Vec<Point>> = Default::default();
+        let mut names = Vec::new();
         for (i, r) in runs.iter().enumerate() {
             let commit = r.report.tool.git_commit.as_deref().map_or("-".to_string(), |c| c.chars().take(10).collect());
+            names.push(format!("#{} {}", r.id, commit.chars().take(7).collect::<String>()));
             for x in &r.report.results {
                 let Some(s) = (m.samples)(x) else { continue };
                 if s.is_empty() {
                     continue;
                 }
-                let med = bitnet_report::stats::median(&s);
+                let stat = Stat::of(&s);
+                let med = stat.median();
                 let c = &x.config;
                 // The model and where its weights came from (a preset, or a file by name) are part
                 // of the series: one database may hold runs of several, and a preset and a GGUF
@@ -265,13 +271,29 @@ mod stored {
                     c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
                 );
                 println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
-                series.entry(cfg).or_default().push((i as f64, med));
+                let hover = format!(
+                    "run {} ({commit}, {}): {cfg}: median {}, 95% CI {} to {}, {} samples",
+                    r.id,
+                    r.report.created_at,
+                    significant(med, 5),
+                    significant(stat.ci95_low(), 5),
+                    significant(stat.ci95_high(), 5),
+                    stat.n()
+                );
+                let ci = (stat.n() > 1).then(|| (stat.ci95_low(), stat.ci95_high()));
+                series.entry(cfg).or_default().push(Point { x: i as f64, y: med, ci, hover });
             }
         }
         if let Some(p) = plot {
-            let svg =
-                bitnet_bench::plots::line_chart(&format!("{metric} over runs"), "run (oldest first)", metric, &series)?;
-            write_atomic(p, svg.as_bytes()).with_context(|| format!("--plot {}", p.display()))?;
+            let chart = LineChart {
+                title: format!("{metric} over runs"),
+                x_label: "run (oldest first)".into(),
+                x_axis: XAxis::Names(names),
+                y_label: format!("{metric} (median, 95% CI)"),
+                series: series.into_iter().map(|(name, points)| Series { name, points }).collect(),
+                ceilings: vec![],
+            };
+            write_atomic(p, chart.to_svg().as_bytes()).with_context(|| format!("--plot {}", p.display()))?;
             eprintln!("bitnet-diff: wrote {}", p.display());
         }
         Ok(ExitCode::SUCCESS)

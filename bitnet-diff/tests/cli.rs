@@ -336,7 +336,16 @@ fn history_database_compares_commits_and_prints_a_trend() {
     );
     assert!(out.contains("eeee5555"), "{out}");
     assert!(out.contains("cccc3333"));
-    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // The trend: a tick per run named by its id and commit, a series per configuration, each
+    // point with its interval and exact values on hover.
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    for tick in ["#1 aaaa111", "#2 bbbb222", "#3 cccc333", "#6 eeee555"] {
+        assert!(svg.contains(&format!(">{tick}</text>")), "tick {tick}: {svg}");
+    }
+    let points = svg.matches("<circle").count();
+    assert_eq!(points, out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| run")).count(), "{svg}");
+    assert_eq!(svg.matches("h8M").count(), points, "an error bar per point");
+    assert!(svg.contains("<title>run 1 (aaaa1111, "), "{svg}");
     let (code, _, err) = run(&["--db", dbs, "--base", "dddd", "--head", "aaaa"]);
     assert_eq!(code, 2);
     assert!(err.contains("no complete run of commit dddd"), "{err}");

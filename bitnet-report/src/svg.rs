@@ -16,6 +16,11 @@ const R: f64 = 190.0;
 const T: f64 = 36.0;
 const B: f64 = 56.0;
 const COLORS: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+/// Twenty colours in ten pairs, for a stack's parts (a decode step has fourteen stages).
+const PART_COLORS: [&str; 20] = [
+    "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd", "#c5b0d5",
+    "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d", "#17becf", "#9edae5",
+];
 
 /// One measured point: `y` with its 95% interval where there is one, and its hover text.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,12 +44,22 @@ pub struct Ceiling {
     pub y: f64,
 }
 
-/// Lines of `y` against an `x` drawn on a log₂ scale (batch sizes, context lengths), with a
-/// tick at every measured `x`.
+/// How a line chart places its points' `x`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum XAxis {
+    /// On a log₂ scale (batch sizes, context lengths), with a tick at every measured value.
+    Log2,
+    /// `x` is an index into these names (runs of a history, oldest first), evenly spaced, each
+    /// with its tick.
+    Names(Vec<String>),
+}
+
+/// Lines of `y` against `x`, with a tick at every measured `x`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LineChart {
     pub title: String,
     pub x_label: String,
+    pub x_axis: XAxis,
     pub y_label: String,
     pub series: Vec<Series>,
     pub ceilings: Vec<Ceiling>,
@@ -57,8 +72,10 @@ pub fn nice_ticks(top: f64) -> Vec<f64> {
     }
     let raw = top / 5.0;
     let mag = 10f64.powf(raw.log10().floor());
+    // A top a rounding error above a round number (shares summing to 100.0000001) ends there.
+    let raw = raw * (1.0 - 1e-6);
     let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
-    let n = (top / step).ceil() as usize;
+    let n = (top * (1.0 - 1e-6) / step).ceil() as usize;
     (0..=n).map(|i| i as f64 * step).collect()
 }
 
@@ -114,10 +131,18 @@ impl LineChart {
 
     pub fn to_svg(&self) -> String {
         let mut o = String::new();
+        let xs = self.xs();
+        let tick = |v: f64| match &self.x_axis {
+            XAxis::Log2 => tick_text(v),
+            XAxis::Names(n) => n.get(v as usize).cloned().unwrap_or_default(),
+        };
+        // Names wider than their spacing are slanted, and the canvas grows below to hold them.
+        let spacing = (W - R - L - 40.0) / (xs.len().max(2) - 1) as f64;
+        let slant = xs.iter().map(|v| tick(*v).chars().count()).max().filter(|c| 6.5 * *c as f64 > spacing);
+        let height = H + slant.map_or(0.0, |c| 6.5 * c as f64 * 0.5);
         // The canvas grows to the right to hold the longest series name in the legend.
         let longest = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
-        frame(&mut o, &self.title, (W - R + 34.0 + 6.5 * longest as f64).max(W), H);
-        let xs = self.xs();
+        frame(&mut o, &self.title, (W - R + 34.0 + 6.5 * longest as f64).max(W), height);
         let top = self
             .series
             .iter()
@@ -125,42 +150,37 @@ impl LineChart {
             .chain(self.ceilings.iter().map(|c| c.y))
             .fold(0f64, f64::max);
         let y = y_axis(&mut o, &self.y_label, top * 1.05, W - R);
-        let (lo, hi) = (xs.first().copied().unwrap_or(1.0).log2(), xs.last().copied().unwrap_or(1.0).log2());
+        let scale = |v: f64| match self.x_axis {
+            XAxis::Log2 => v.log2(),
+            XAxis::Names(_) => v,
+        };
+        let (lo, hi) = (scale(xs.first().copied().unwrap_or(1.0)), scale(xs.last().copied().unwrap_or(1.0)));
         let span = if hi > lo { hi - lo } else { 1.0 };
-        let x = |v: f64| L + 20.0 + (v.log2() - lo) / span * (W - R - L - 40.0);
+        let x = |v: f64| L + 20.0 + (scale(v) - lo) / span * (W - R - L - 40.0);
         for v in &xs {
-            let px = x(*v);
+            let (px, ly) = (x(*v), H - B + 19.0);
+            let anchor = match slant {
+                Some(_) => format!("end\" transform=\"rotate(-30 {px:.1} {ly})"),
+                None => "middle".into(),
+            };
             let _ = write!(
                 o,
-                "<line x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                "<line x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{ly}\" text-anchor=\"{anchor}\">{}</text>",
                 H - B,
                 H - B + 5.0,
-                H - B + 19.0,
-                tick_text(*v)
+                escape(&tick(*v))
             );
         }
+        x_axis_line(&mut o, W - R);
+        let scale_note = if self.x_axis == XAxis::Log2 { " (log₂ scale)" } else { "" };
         let _ = write!(
             o,
-            "<line x1=\"{L}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{} (log₂ scale)</text>",
-            W - R,
-            H - B,
-            H - B,
+            "<text x=\"{}\" y=\"{:.0}\" text-anchor=\"middle\">{}{scale_note}</text>",
             (L + W - R) / 2.0,
-            H - 14.0,
+            height - 14.0,
             escape(&self.x_label)
         );
-        for c in &self.ceilings {
-            let py = y(c.y);
-            let _ = write!(
-                o,
-                "<line x1=\"{L}\" x2=\"{}\" y1=\"{py:.1}\" y2=\"{py:.1}\" stroke=\"#444\" stroke-dasharray=\"6 4\"><title>{}</title></line><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#444\">{}</text>",
-                W - R,
-                escape(&c.label),
-                W - R - 4.0,
-                py - 5.0,
-                escape(&c.label)
-            );
-        }
+        ceiling_lines(&mut o, &self.ceilings, W - R, &y);
         for (i, s) in self.series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             let mut pts = s.points.clone();
@@ -191,21 +211,21 @@ impl LineChart {
                 );
             }
         }
-        legend(&mut o, self.series.iter().map(|s| s.name.as_str()));
+        legend(&mut o, W - R, self.series.iter().zip(COLORS.iter().cycle()).map(|(s, c)| (s.name.as_str(), *c)));
         o.push_str("</svg>");
         o
     }
 }
 
-/// The series' names beside the plot, one colour each.
-fn legend<'a>(o: &mut String, names: impl Iterator<Item = &'a str>) {
-    for (i, name) in names.enumerate() {
-        let (lx, ly) = (W - R + 14.0, T + 10.0 + 18.0 * i as f64);
+/// The series' names beside the plot (right of `right`), one colour each.
+fn legend<'a>(o: &mut String, right: f64, entries: impl Iterator<Item = (&'a str, &'a str)>) {
+    for (i, (name, color)) in entries.enumerate() {
+        let (lx, ly) = (right + 14.0, T + 10.0 + 18.0 * i as f64);
         let _ = write!(
             o,
             "<rect x=\"{lx}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{ly:.1}\">{}</text>",
             ly - 10.0,
-            COLORS[i % COLORS.len()],
+            color,
             lx + 16.0,
             escape(name)
         );
@@ -231,34 +251,77 @@ pub struct BarChart {
     pub ceilings: Vec<Ceiling>,
 }
 
+/// Bars side by side with a label under each: the canvas, the y axis to `top` and the labels.
+/// Labels wider than their slot (about 6.5 px a character) are slanted so that neighbours do
+/// not overlap, and the canvas grows below the axis to hold them; `legend` more pixels on the
+/// right hold a legend. Returns the slot width, the plot's right edge and the value→row map.
+fn bar_axes<'a>(
+    o: &mut String,
+    title: &str,
+    y_label: &str,
+    labels: impl Iterator<Item = &'a str> + Clone,
+    top: f64,
+    legend: f64,
+) -> (f64, f64, impl Fn(f64) -> f64) {
+    let n = labels.clone().count().max(1) as f64;
+    let right = (L + 30.0 + 90.0 * n).max(W - R + 40.0) - 20.0;
+    let slot = (right - L) / n;
+    let slanted = |label: &str| 6.5 * label.chars().count() as f64 > slot;
+    let longest = labels.clone().filter(|l| slanted(l)).map(|l| l.chars().count()).max();
+    let height = H + longest.map_or(0.0, |c| 6.5 * c as f64 * 0.5);
+    frame(o, title, right + 20.0 + legend, height);
+    let y = y_axis(o, y_label, top, right);
+    for (i, label) in labels.enumerate() {
+        let (lx, ly) = (L + slot * (i as f64 + 0.5), H - B + 16.0);
+        let slant = if slanted(label) {
+            format!(" text-anchor=\"end\" transform=\"rotate(-30 {lx:.1} {ly})\"")
+        } else {
+            " text-anchor=\"middle\"".to_string()
+        };
+        let _ = write!(o, "<text x=\"{lx:.1}\" y=\"{ly}\"{slant} font-size=\"11\">{}</text>", escape(label));
+    }
+    (slot, right, y)
+}
+
+/// Dashed lines across the plot at each ceiling, labelled at their right end.
+fn ceiling_lines(o: &mut String, ceilings: &[Ceiling], right: f64, y: impl Fn(f64) -> f64) {
+    for c in ceilings {
+        let py = y(c.y);
+        let _ = write!(
+            o,
+            "<line x1=\"{L}\" x2=\"{right}\" y1=\"{py:.1}\" y2=\"{py:.1}\" stroke=\"#444\" stroke-dasharray=\"6 4\"><title>{}</title></line><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#444\">{}</text>",
+            escape(&c.label),
+            right - 4.0,
+            py - 5.0,
+            escape(&c.label)
+        );
+    }
+}
+
+/// The x axis's line from the y axis to `right`.
+fn x_axis_line(o: &mut String, right: f64) {
+    let _ = write!(o, "<line x1=\"{L}\" x2=\"{right}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\"/>", H - B, H - B);
+}
+
 impl BarChart {
     pub fn to_svg(&self) -> String {
-        let n = self.bars.len().max(1) as f64;
-        let width = (L + 30.0 + 90.0 * n).max(W - R + 40.0);
-        let right = width - 20.0;
-        // Labels wider than their slot (about 6.5 px a character) are slanted so that
-        // neighbours do not overlap; the canvas grows below the axis to hold them.
-        let slot = (right - L) / n;
-        let slanted = |label: &str| 6.5 * label.chars().count() as f64 > slot;
-        let longest = self.bars.iter().filter(|b| slanted(&b.label)).map(|b| b.label.chars().count()).max();
-        let height = H + longest.map_or(0.0, |c| 6.5 * c as f64 * 0.5);
         let mut o = String::new();
-        frame(&mut o, &self.title, width, height);
         let top = self
             .bars
             .iter()
             .map(|b| b.ci.map_or(b.value, |c| c.1.max(b.value)))
             .chain(self.ceilings.iter().map(|c| c.y))
             .fold(0f64, f64::max);
-        let y = y_axis(&mut o, &self.y_label, top * 1.1, right);
+        let labels = self.bars.iter().map(|b| b.label.as_str());
+        let (slot, right, y) = bar_axes(&mut o, &self.title, &self.y_label, labels, top * 1.1, 0.0);
         for (i, b) in self.bars.iter().enumerate() {
-            let (x0, color) = (L + slot * i as f64, COLORS[0]);
-            let (bx, bw) = (x0 + slot * 0.15, slot * 0.7);
+            let (bx, bw) = (L + slot * (i as f64 + 0.15), slot * 0.7);
             let (py, base) = (y(b.value), y(0.0));
             let _ = write!(
                 o,
-                "<rect x=\"{bx:.1}\" y=\"{py:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"{color}\"><title>{}</title></rect>",
+                "<rect x=\"{bx:.1}\" y=\"{py:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}</title></rect>",
                 base - py,
+                COLORS[0],
                 escape(&b.hover)
             );
             if let Some((clo, chi)) = b.ci {
@@ -277,32 +340,64 @@ impl BarChart {
                 py - 4.0,
                 significant(b.value, 3)
             );
-            let (lx, ly) = (bx + bw / 2.0, H - B + 16.0);
-            if slanted(&b.label) {
+        }
+        ceiling_lines(&mut o, &self.ceilings, right, &y);
+        x_axis_line(&mut o, right);
+        o.push_str("</svg>");
+        o
+    }
+}
+
+/// One stacked bar: its label and a value per part of the chart (0 where it has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stack {
+    pub label: String,
+    pub values: Vec<f64>,
+}
+
+/// Bars made of parts (e.g. the stages of a decode step), each part one colour named in the
+/// legend, every bar labelled; hovering a part shows its bar, name and value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackedBarChart {
+    pub title: String,
+    /// The values' unit, also used in the hover text (`%`, `ms`).
+    pub y_label: String,
+    pub parts: Vec<String>,
+    pub bars: Vec<Stack>,
+}
+
+impl StackedBarChart {
+    pub fn to_svg(&self) -> String {
+        let mut o = String::new();
+        let top = self.bars.iter().map(|b| b.values.iter().sum::<f64>()).fold(0f64, f64::max);
+        let longest = self.parts.iter().map(|p| p.chars().count()).max().unwrap_or(0);
+        let labels = self.bars.iter().map(|b| b.label.as_str());
+        let legend_width = 34.0 + 6.5 * longest as f64;
+        // No headroom: shares that sum to 100 get an axis that ends at 100.
+        let (slot, right, y) = bar_axes(&mut o, &self.title, &self.y_label, labels, top, legend_width);
+        for (i, b) in self.bars.iter().enumerate() {
+            let (bx, bw) = (L + slot * (i as f64 + 0.15), slot * 0.7);
+            let mut below = 0.0;
+            for (j, v) in b.values.iter().enumerate().filter(|(_, v)| **v > 0.0) {
+                let (y0, y1) = (y(below), y(below + v));
                 let _ = write!(
                     o,
-                    "<text x=\"{lx:.1}\" y=\"{ly}\" text-anchor=\"end\" font-size=\"11\" transform=\"rotate(-30 {lx:.1} {ly})\">{}</text>",
-                    escape(&b.label)
+                    "<rect x=\"{bx:.1}\" y=\"{y1:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}: {} {} {}</title></rect>",
+                    y0 - y1,
+                    PART_COLORS[j % PART_COLORS.len()],
+                    escape(&b.label),
+                    escape(self.parts.get(j).map_or("", |p| p.as_str())),
+                    significant(*v, 4),
+                    escape(&self.y_label)
                 );
-            } else {
-                let _ = write!(
-                    o,
-                    "<text x=\"{lx:.1}\" y=\"{ly}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
-                    escape(&b.label)
-                );
+                below += v;
             }
         }
-        for c in &self.ceilings {
-            let py = y(c.y);
-            let _ = write!(
-                o,
-                "<line x1=\"{L}\" x2=\"{right}\" y1=\"{py:.1}\" y2=\"{py:.1}\" stroke=\"#444\" stroke-dasharray=\"6 4\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#444\">{}</text>",
-                right - 4.0,
-                py - 5.0,
-                escape(&c.label)
-            );
-        }
-        let _ = write!(o, "<line x1=\"{L}\" x2=\"{right}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\"/>", H - B, H - B);
+        x_axis_line(&mut o, right);
+        // Listed top to bottom as they stack.
+        let entries: Vec<(&str, &str)> =
+            self.parts.iter().zip(PART_COLORS.iter().cycle()).map(|(p, c)| (p.as_str(), *c)).collect();
+        legend(&mut o, right, entries.into_iter().rev());
         o.push_str("</svg>");
         o
     }
@@ -321,6 +416,7 @@ mod tests {
         assert_eq!(nice_ticks(9.3), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
         assert_eq!(nice_ticks(100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
         assert_eq!(nice_ticks(0.0), vec![0.0, 1.0]);
+        assert_eq!(nice_ticks(100.00001), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0], "rounding error above 100");
         assert_eq!(nice_ticks(1.6).iter().map(|t| tick_text(*t)).collect::<Vec<_>>(), ["0", "0.5", "1", "1.5", "2"]);
     }
 
@@ -330,6 +426,7 @@ mod tests {
             title: "tg vs batch".into(),
             x_label: "batch size".into(),
             y_label: "tokens/s".into(),
+            x_axis: XAxis::Log2,
             series: vec![Series {
                 name: "f16".into(),
                 points: vec![point(1.0, 10.0), point(8.0, 40.0), point(4.0, 30.0)],
@@ -372,5 +469,78 @@ mod tests {
         let svg = BarChart { title: "t".into(), y_label: "GB/s".into(), bars: long, ceilings: vec![] }.to_svg();
         assert_eq!(svg.matches("rotate(-30").count(), 12);
         assert!(svg.contains(&format!("height=\"{:.0}\"", H + 6.5 * 20.0 * 0.5)), "{svg}");
+    }
+
+    #[test]
+    fn every_stack_is_labelled_and_every_part_named_with_its_value() {
+        let c = StackedBarChart {
+            title: "stages".into(),
+            y_label: "%".into(),
+            parts: vec!["dot".into(), "unpack".into(), "norm".into()],
+            bars: vec![
+                Stack { label: "i2s B1".into(), values: vec![60.0, 30.0, 10.0] },
+                Stack { label: "i2s B8".into(), values: vec![80.0, 0.0, 20.0] },
+            ],
+        };
+        let svg = c.to_svg();
+        for l in ["i2s B1", "i2s B8"] {
+            assert!(svg.contains(&format!("font-size=\"11\">{l}</text>")), "bar label {l}");
+        }
+        for p in ["dot", "unpack", "norm"] {
+            assert!(svg.contains(&format!(">{p}</text>")), "legend entry {p}");
+        }
+        // A zero part draws nothing; every other part is a rectangle with its exact value.
+        assert_eq!(svg.matches("<rect x=").count(), 5 + 3, "five parts and three legend keys");
+        assert!(
+            svg.contains("<title>i2s B1: unpack 30.00 %</title>")
+                && svg.contains("<title>i2s B8: norm 20.00 %</title>")
+        );
+        // Parts stack: B1's dot starts at the axis, its unpack right above it.
+        let rect = |title: &str| -> (f64, f64) {
+            let i = svg.find(&format!("<title>{title}")).unwrap();
+            let r = &svg[svg[..i].rfind("<rect").unwrap()..i];
+            let num = |k: &str| {
+                r.split(&format!("{k}=\"")).nth(1).unwrap().split('"').next().unwrap().parse::<f64>().unwrap()
+            };
+            (num("y"), num("height"))
+        };
+        let (dot, unpack) = (rect("i2s B1: dot"), rect("i2s B1: unpack"));
+        assert!((dot.0 + dot.1 - (H - B)).abs() < 0.2, "dot sits on the axis");
+        assert!((unpack.0 + unpack.1 - dot.0).abs() < 0.2, "unpack sits on dot");
+        assert!((dot.1 - 2.0 * unpack.1).abs() < 0.3, "heights in proportion: 60 vs 30");
+    }
+
+    #[test]
+    fn a_names_axis_places_runs_evenly_with_their_names() {
+        let names: Vec<String> = (0..4).map(|i| format!("#{i} abc{i}")).collect();
+        let c = LineChart {
+            title: "history".into(),
+            x_label: "run (oldest first)".into(),
+            x_axis: XAxis::Names(names.clone()),
+            y_label: "tokens/s".into(),
+            series: vec![Series {
+                name: "B1".into(),
+                points: (0..4).map(|i| point(i as f64, 10.0 + i as f64)).collect(),
+            }],
+            ceilings: vec![],
+        };
+        let svg = c.to_svg();
+        let xs: Vec<f64> = names
+            .iter()
+            .map(|n| {
+                let i = svg.find(&format!(">{n}</text>")).unwrap_or_else(|| panic!("tick {n}"));
+                svg[..i].rsplit("<text x=\"").next().unwrap().split('"').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        assert!(xs.windows(3).all(|w| ((w[1] - w[0]) - (w[2] - w[1])).abs() < 0.2), "evenly spaced: {xs:?}");
+        assert!(!svg.contains("log₂"), "not a log scale");
+        // Forty runs with long names: slanted, the canvas taller.
+        let many: Vec<String> = (0..40).map(|i| format!("#{i} 0123456789")).collect();
+        let mut c2 = c.clone();
+        c2.x_axis = XAxis::Names(many);
+        c2.series[0].points = (0..40).map(|i| point(i as f64, 1.0)).collect();
+        let svg = c2.to_svg();
+        assert_eq!(svg.matches("rotate(-30").count(), 40);
+        assert!(svg.contains(&format!("height=\"{:.0}\"", H + 6.5 * 14.0 * 0.5)));
     }
 }
