@@ -84,7 +84,8 @@ struct SweepArgs {
     /// Seed of a preset's synthetic weights and of the prompts (default 42).
     #[arg(long)]
     seed: Option<u64>,
-    /// Stage breakdown of each combination (one extra, unmeasured run with spans on).
+    /// Stage breakdown of each combination (one extra, unmeasured run with spans on); with
+    /// --plots, that run's flamegraph and folded stacks in DIR/flamegraphs/, linked from the page.
     #[arg(long)]
     trace: bool,
     /// Performance counters of that extra run.
@@ -787,6 +788,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         b
     });
     let json_path = a.json_report.clone();
+    let mut flamegraphs: Vec<Option<PathBuf>> = Vec::new();
     let report = run_sweep(&spec, &mut runner, &stop, |p| {
         match p {
             Progress::Start { index, total, combo } => {
@@ -806,7 +808,12 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                     eprintln!("[{}/{total}] {what}", index + 1);
                 }
             }
-            Progress::Done { index, total, result, report } => {
+            Progress::Done { index, total, result, report, folded } => {
+                if let (Some(d), Some(f)) = (&a.plots, folded) {
+                    let path = bitnet_bench::page::write_flamegraph(d, result, f)?;
+                    flamegraphs.resize(report.results.len(), None);
+                    flamegraphs[report.results.len() - 1] = Some(path);
+                }
                 if let Some(b) = &bar {
                     b.set_position(index as u64 + 1);
                 } else if !quiet {
@@ -844,7 +851,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     }
     if let Some(d) = &a.plots {
         let links: Vec<PathBuf> = a.json_report.iter().chain(&a.csv).chain(&a.markdown).cloned().collect();
-        bitnet_bench::page::write_all(&report, d, &links)?;
+        bitnet_bench::page::write_all_traced(&report, d, &links, &flamegraphs)?;
     }
     if let Some(db) = &a.db {
         let id = bitnet_bench::history::append(db, &report)?;

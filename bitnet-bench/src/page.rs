@@ -176,8 +176,37 @@ fn bandwidth(r: &Report) -> String {
 /// Writes the page and every chart into `dir` (created if needed). `links` are the other
 /// files the run wrote (JSON, CSV, Markdown), linked relative to `dir` where they can be.
 pub fn write_all(r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
+    write_all_traced(r, dir, links, &[])
+}
+
+/// [`write_all`] with each result's flamegraph ([`write_flamegraph`]; `flamegraphs[i]` is
+/// result i's, where `--trace` drew one) linked from its row.
+pub fn write_all_traced(r: &Report, dir: &Path, links: &[PathBuf], flamegraphs: &[Option<PathBuf>]) -> Result<()> {
     let body = format!("{}{}", about(r), notes(r));
-    write_page(&r.model.name, &body, r, &[], dir, links)
+    write_page(&r.model.name, &body, r, &[], dir, links, flamegraphs)
+}
+
+/// Draws a combination's traced run (`--trace`) as a flamegraph, `DIR/flamegraphs/NAME.svg`,
+/// beside its folded stacks `NAME.folded` (for inferno, speedscope or a differential graph),
+/// NAME being the configuration (`i2s-avx512-t2-b1-c128-f16`). Returns the SVG's path.
+pub fn write_flamegraph(dir: &Path, x: &BenchResult, folded: &str) -> Result<PathBuf> {
+    let c = &x.config;
+    let name = format!("{}-{}-t{}-b{}-c{}-{}", c.kernel, c.isa, c.threads, c.batch, c.context_length, c.kv_precision);
+    let name: String = name.chars().map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' { ch } else { '_' }).collect();
+    let sub = dir.join("flamegraphs");
+    std::fs::create_dir_all(&sub).with_context(|| format!("--plots {}: cannot create the directory", sub.display()))?;
+    let mut svg = Vec::new();
+    let title = format!("{} {}/{}: one traced run, prefill and decode", c.model, c.kernel, c.isa);
+    let subtitle = format!(
+        "batch {}, context {}, KV {}; nanoseconds summed over {} threads",
+        c.batch, c.context_length, c.kv_precision, c.threads
+    );
+    bitnet_trace::folded::flamegraph(folded, &title, &subtitle, &mut svg)
+        .with_context(|| format!("flamegraph of {name}"))?;
+    bitnet_report::files::write_atomic(&sub.join(format!("{name}.folded")), folded.as_bytes())?;
+    let path = sub.join(format!("{name}.svg"));
+    bitnet_report::files::write_atomic(&path, &svg)?;
+    Ok(path)
 }
 
 /// [`write_all`] for several reports shown as one (`show`; `all` is
@@ -198,14 +227,22 @@ pub fn write_all_with(
         sources.extend(std::iter::repeat_n(stem, r.results.len()));
     }
     body.push_str(&notes(all));
-    write_page(title, &body, all, &sources, dir, links)
+    write_page(title, &body, all, &sources, dir, links, &[])
 }
 
 fn notes(r: &Report) -> String {
     output::warnings(r).iter().map(|w| html::note(w)).collect()
 }
 
-fn write_page(title: &str, about: &str, r: &Report, sources: &[String], dir: &Path, links: &[PathBuf]) -> Result<()> {
+fn write_page(
+    title: &str,
+    about: &str,
+    r: &Report,
+    sources: &[String],
+    dir: &Path,
+    links: &[PathBuf],
+    flamegraphs: &[Option<PathBuf>],
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
     let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r, sources);
     let mut body = format!("<h1>bitnet-bench: {}</h1>\n{about}", escape(title));
@@ -219,7 +256,19 @@ fn write_page(title: &str, about: &str, r: &Report, sources: &[String], dir: &Pa
         body.push_str("</p>\n");
     }
     body.push_str("<h2>Results</h2>\n");
-    body.push_str(&results_table(r).to_html());
+    let mut table = results_table(r);
+    if flamegraphs.iter().any(Option::is_some) {
+        table
+            .columns
+            .push(Column::label("trace", "the traced run's flamegraph (--trace); its folded stacks beside it"));
+        for (i, row) in table.rows.iter_mut().enumerate() {
+            row.push(match flamegraphs.get(i).and_then(Option::as_ref) {
+                Some(p) => Cell::text("flamegraph").linked(relative(p, dir)),
+                None => Cell::none(),
+            });
+        }
+    }
+    body.push_str(&table.to_html());
     body.push_str(&format!("<p class=\"legend\">{}</p>\n", escape(&output::legend(r))));
     if !charts.is_empty() || !not_drawn.is_empty() {
         body.push_str("<h2>Charts</h2>\n");

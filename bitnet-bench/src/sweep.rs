@@ -173,6 +173,9 @@ pub struct Diagnostics {
     pub stages: Option<BTreeMap<String, f64>>,
     /// Counter values per decode step.
     pub counters: Option<BTreeMap<String, f64>>,
+    /// The traced run's folded stacks (prefill and decode, nanoseconds summed over threads),
+    /// for its flamegraph.
+    pub folded: Option<String>,
 }
 
 /// The measurement seam: the engine in production, a fake in tests.
@@ -271,8 +274,8 @@ pub fn preflight(spec: &SweepSpec, runner: &dyn Runner, combos: &[Combo]) -> Res
 pub enum Progress<'a> {
     /// About to measure combination `index` of `total`.
     Start { index: usize, total: usize, combo: &'a Combo },
-    /// Finished it; the report now holds it.
-    Done { index: usize, total: usize, result: &'a BenchResult, report: &'a Report },
+    /// Finished it; the report now holds it. `folded`: its traced run's stacks (`--trace`).
+    Done { index: usize, total: usize, result: &'a BenchResult, report: &'a Report, folded: Option<&'a str> },
 }
 
 /// UTC now in RFC 3339 (seconds).
@@ -384,7 +387,7 @@ pub fn run_sweep(
         for i in 0..spec.repeat {
             passes.push(runner.roofline_pass(spec.max_new_tokens, i > 0).context("roofline pass")?);
         }
-        let diag = if spec.trace || spec.counters {
+        let mut diag = if spec.trace || spec.counters {
             runner.diagnose(spec.max_new_tokens, spec.trace, spec.counters)?
         } else {
             Diagnostics::default()
@@ -399,11 +402,12 @@ pub fn run_sweep(
         } else {
             None
         };
+        let folded = diag.folded.take();
         let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, quality, diag);
         report.results.push(result);
         report.refresh_derived();
         let last = report.results.last().expect("just pushed");
-        progress(Progress::Done { index, total, result: last, report: &report })?;
+        progress(Progress::Done { index, total, result: last, report: &report, folded: folded.as_deref() })?;
     }
     report.complete = report.results.len() == total;
     if report.complete {
@@ -883,6 +887,7 @@ impl Runner for EngineRunner {
         st.set_instrument(Level::Off, 0);
         sample?;
         let steps = max_new.max(1) as f64;
+        let folded = spans.as_ref().map(|s| bitnet_trace::folded::folded(s, bitnet_trace::folded::Weight::Nanos));
         let stages = spans.map(|s| {
             let mut m = BTreeMap::new();
             for t in s.totals.iter().filter(|t| t.phase == Phase::Decode) {
@@ -891,7 +896,7 @@ impl Runner for EngineRunner {
             m
         });
         let counters = counted.map(|d| d.into_iter().map(|(k, v)| (k.to_string(), v.value / steps)).collect());
-        Ok(Diagnostics { stages, counters })
+        Ok(Diagnostics { stages, counters, folded })
     }
 
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality> {

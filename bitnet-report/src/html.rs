@@ -39,28 +39,35 @@ pub fn with_ci(v: f64, lo: f64, hi: f64) -> String {
     }
 }
 
-/// One cell: what it shows, the number it sorts by (text sorts as text), and a tooltip.
+/// One cell: what it shows, the number it sorts by (text sorts as text), a tooltip, and where
+/// its text links to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cell {
     pub text: String,
     pub sort: Option<f64>,
     pub title: Option<String>,
+    pub href: Option<String>,
 }
 
 impl Cell {
     pub fn text(s: impl Into<String>) -> Cell {
-        Cell { text: s.into(), sort: None, title: None }
+        Cell { text: s.into(), sort: None, title: None, href: None }
     }
     /// A number shown as `text`, sorted by `v`.
     pub fn number(v: f64, text: impl Into<String>) -> Cell {
-        Cell { text: text.into(), sort: Some(v), title: None }
+        Cell { text: text.into(), sort: Some(v), title: None, href: None }
     }
     /// No value: shown as `-`, sorted first.
     pub fn none() -> Cell {
-        Cell { text: "-".into(), sort: Some(f64::NEG_INFINITY), title: None }
+        Cell { text: "-".into(), sort: Some(f64::NEG_INFINITY), title: None, href: None }
     }
     pub fn titled(mut self, title: impl Into<String>) -> Cell {
         self.title = Some(title.into());
+        self
+    }
+    /// The cell's text as a link to `href` (relative to the page).
+    pub fn linked(mut self, href: impl Into<String>) -> Cell {
+        self.href = Some(href.into());
         self
     }
 }
@@ -145,7 +152,11 @@ impl Table {
                 let class = if c.numeric { " class=\"num\"" } else { "" };
                 let sort = cell.sort.map_or(String::new(), |v| format!(" data-v=\"{}\"", sort_key(v)));
                 let title = cell.title.as_ref().map_or(String::new(), |t| format!(" title=\"{}\"", escape(t)));
-                let _ = write!(o, "<td{class}{sort}{title}>{}</td>", escape(&cell.text));
+                let text = match &cell.href {
+                    Some(h) => format!("<a href=\"{}\">{}</a>", escape(h), escape(&cell.text)),
+                    None => escape(&cell.text),
+                };
+                let _ = write!(o, "<td{class}{sort}{title}>{text}</td>");
             }
             o.push_str("</tr>\n");
         }
@@ -178,7 +189,7 @@ th,td{border-bottom:1px solid #e4e4e4;padding:4px 8px;text-align:left}\
 th{background:#f5f5f5;cursor:pointer;vertical-align:bottom;position:sticky;top:0}\
 th small{color:#666;font-weight:normal}.num{text-align:right;font-variant-numeric:tabular-nums}\
 th[aria-sort=ascending]::after{content:' \\25B2'}th[aria-sort=descending]::after{content:' \\25BC'}\
-tbody tr:hover{background:#f0f6ff}figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}\
+tbody tr:hover{background:#f0f6ff}figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}figure svg{max-width:100%;height:auto}figure svg text.title{display:none}\
 .links a{margin-right:14px}p.legend{font-size:13px;color:#444}";
 
 /// Sorting (click a header; `#sort=TABLE:COLUMN[:desc]` on load) and filtering (the selects

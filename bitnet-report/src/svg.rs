@@ -86,9 +86,11 @@ fn tick_text(v: f64) -> String {
 
 /// The chart's canvas (`height` below [`H`] for room under the axis) and title.
 fn frame(o: &mut String, title: &str, width: f64, height: f64) {
+    // The canvas widens to hold a long title (about 8 px a character at 15 px).
+    let width = width.max(8.0 * title.chars().count() as f64 + 20.0);
     let _ = write!(
         o,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width} {height:.0}\" width=\"{width}\" height=\"{height:.0}\" role=\"img\" font-family=\"sans-serif\" font-size=\"12\"><title>{}</title><rect width=\"{width}\" height=\"{height:.0}\" fill=\"white\"/><text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width} {height:.0}\" width=\"{width}\" height=\"{height:.0}\" role=\"img\" font-family=\"sans-serif\" font-size=\"12\"><title>{}</title><rect width=\"{width}\" height=\"{height:.0}\" fill=\"white\"/><text class=\"title\" x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
         escape(title),
         width / 2.0,
         escape(title)
@@ -232,13 +234,16 @@ fn legend<'a>(o: &mut String, right: f64, entries: impl Iterator<Item = (&'a str
     }
 }
 
-/// One bar: its label (drawn under it), value, 95% interval where there is one, hover text.
+/// One bar: its label (drawn under it), value, 95% interval where there is one, hover text,
+/// and its own ceiling where it has one (the bandwidth probed beside that run), drawn as a
+/// dashed line across its slot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bar {
     pub label: String,
     pub value: f64,
     pub ci: Option<(f64, f64)>,
     pub hover: String,
+    pub limit: Option<Ceiling>,
 }
 
 /// Bars with every one labelled and its value written above it.
@@ -309,7 +314,7 @@ impl BarChart {
         let top = self
             .bars
             .iter()
-            .map(|b| b.ci.map_or(b.value, |c| c.1.max(b.value)))
+            .map(|b| b.ci.map_or(b.value, |c| c.1.max(b.value)).max(b.limit.as_ref().map_or(0.0, |l| l.y)))
             .chain(self.ceilings.iter().map(|c| c.y))
             .fold(0f64, f64::max);
         let labels = self.bars.iter().map(|b| b.label.as_str());
@@ -333,13 +338,27 @@ impl BarChart {
                     cx - 4.0
                 );
             }
+            // The value above the bar and its error bar.
             let _ = write!(
                 o,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
                 bx + bw / 2.0,
-                py - 4.0,
+                y(b.ci.map_or(b.value, |c| c.1.max(b.value))) - 4.0,
                 significant(b.value, 3)
             );
+            if let Some(l) = &b.limit {
+                let ly = y(l.y);
+                let _ = write!(
+                    o,
+                    "<line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{ly:.1}\" y2=\"{ly:.1}\" stroke=\"#b00\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>{}</title></line><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#b00\" font-size=\"11\">{}</text>",
+                    bx - slot * 0.1,
+                    bx + bw + slot * 0.1,
+                    escape(&l.label),
+                    bx + bw + slot * 0.1,
+                    ly - 4.0,
+                    significant(l.y, 3)
+                );
+            }
         }
         ceiling_lines(&mut o, &self.ceilings, right, &y);
         x_axis_line(&mut o, right);
@@ -457,14 +476,34 @@ mod tests {
 
     #[test]
     fn every_bar_is_labelled() {
-        let bars = ["f16", "int8", "int4"].map(|l| Bar { label: l.into(), value: 2.0, ci: None, hover: l.into() });
+        let bars = ["f16", "int8", "int4"].map(|l| Bar {
+            label: l.into(),
+            value: 2.0,
+            ci: None,
+            hover: l.into(),
+            limit: None,
+        });
         let svg = BarChart { title: "t".into(), y_label: "MiB".into(), bars: bars.to_vec(), ceilings: vec![] }.to_svg();
         for l in ["f16", "int8", "int4"] {
             assert!(svg.contains(&format!("font-size=\"11\">{l}</text>")), "{l}");
         }
+        // A bar's own ceiling: a line across its slot, named on hover, its value beside it;
+        // the axis reaches it.
+        let mut with_limit = bars.to_vec();
+        with_limit[1].limit = Some(Ceiling { label: "probe after its steps 7.5".into(), y: 7.5 });
+        let svg = BarChart { title: "t".into(), y_label: "GB/s".into(), bars: with_limit, ceilings: vec![] }.to_svg();
+        assert_eq!(svg.matches("stroke=\"#b00\"").count(), 1);
+        assert!(svg.contains("<title>probe after its steps 7.5</title>") && svg.contains(">7.50</text>"), "{svg}");
+        assert!(svg.contains(">8</text>"), "the y axis reaches the limit: {svg}");
         // Twelve long labels: slanted, with the canvas grown below the axis to hold them.
         let long: Vec<Bar> = (0..12)
-            .map(|i| Bar { label: format!("i2s B{i} c128 int8 t2"), value: 1.0, ci: None, hover: String::new() })
+            .map(|i| Bar {
+                label: format!("i2s B{i} c128 int8 t2"),
+                value: 1.0,
+                ci: None,
+                hover: String::new(),
+                limit: None,
+            })
             .collect();
         let svg = BarChart { title: "t".into(), y_label: "GB/s".into(), bars: long, ceilings: vec![] }.to_svg();
         assert_eq!(svg.matches("rotate(-30").count(), 12);
