@@ -2,7 +2,7 @@
 """Opens a page of ours (bitnet-bench's report page, bitnet-diff --format html) in headless
 Chromium and checks what a reader gets.
 
-Usage: check_page.py PAGE.html OUTDIR TABLE SORT_COLUMN FILTER_COLUMN [REPORT.json]
+Usage: check_page.py PAGE.html OUTDIR NAME TABLE SORT_COLUMN FILTER_COLUMN [REPORT.json]
 
 - no console errors (uncaught exceptions or console.error) on any load;
 - the table's cells after the page's script ran are the ones the page was written with (the
@@ -11,9 +11,12 @@ Usage: check_page.py PAGE.html OUTDIR TABLE SORT_COLUMN FILTER_COLUMN [REPORT.js
 - `#sort=TABLE:COL:desc` orders the rows by SORT_COLUMN, descending;
 - `#filter=COL:VALUE` hides exactly the rows whose FILTER_COLUMN cell differs;
 - every chart has labelled ticks (text in its SVG);
+- every link to a file beside the page (JSON, CSV, charts, flamegraphs) reaches one;
 - a screenshot of the page (OUTDIR/NAME.png) is kept as a CI artifact.
+Clicks (sorting by a header, choosing a filter) are .ci/click_page.cjs's.
 Exit 1 with what failed; 0 when every check holds.
 """
+import html
 import html.parser
 import json
 import os
@@ -95,9 +98,9 @@ def parse(text):
 
 def main():
     global TABLE
-    page, outdir = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2])
-    TABLE, sort_name, filter_name = sys.argv[3], sys.argv[4], sys.argv[5]
-    report = json.load(open(sys.argv[6])) if len(sys.argv) > 6 else None
+    page, outdir, name = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2]), sys.argv[3]
+    TABLE, sort_name, filter_name = sys.argv[4], sys.argv[5], sys.argv[6]
+    report = json.load(open(sys.argv[7])) if len(sys.argv) > 7 else None
     outdir.mkdir(parents=True, exist_ok=True)
     text = page.read_text()
     written = parse(text)
@@ -133,7 +136,13 @@ def main():
     if wrong or not rows:
         failures.append(f"#filter={fcol}:{value} showed or hid the wrong rows ({wrong})")
 
-    shot = outdir / (page.parent.name + "-" + page.stem + ".png")
+    hrefs = [h.split('"', 1)[0] for h in text.split('href="')[1:]]
+    local = [h for h in hrefs if "://" not in h and not h.startswith("#")]
+    missing = [h for h in local if not (page.parent / html.unescape(h)).is_file()]
+    if missing:
+        failures.append(f"links to missing files: {missing}")
+
+    shot = outdir / (name + ".png")
     chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1280,1800", "--hide-scrollbars")
     if not shot.exists() or shot.stat().st_size < 10_000:
         failures.append(f"no screenshot at {shot}")
@@ -143,8 +152,8 @@ def main():
     for f in failures:
         print(f"check_page: {page}: {f}", file=sys.stderr)
     if not failures:
-        print(f"check_page: {page}: {len(loaded.rows)} rows, {len(loaded.svg_texts)} charts, sorting and filtering work, "
-              f"no console errors; screenshot {shot}")
+        print(f"check_page: {page}: {len(loaded.rows)} rows, {len(loaded.svg_texts)} charts, {len(local)} links reach their "
+              f"files, #sort and #filter work, no console errors; screenshot {shot}")
     return 1 if failures else 0
 
 
