@@ -85,7 +85,8 @@ struct SweepArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Stage breakdown of each combination (one extra, unmeasured run with spans on); with
-    /// --plots, that run's flamegraph and folded stacks in DIR/flamegraphs/, linked from the page.
+    /// --plots, that run's flamegraph, folded stacks and timeline in DIR/traces/, linked from
+    /// the page.
     #[arg(long)]
     trace: bool,
     /// Performance counters of that extra run.
@@ -788,7 +789,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
         b
     });
     let json_path = a.json_report.clone();
-    let mut flamegraphs: Vec<Option<PathBuf>> = Vec::new();
+    let mut traces: Vec<Option<bitnet_bench::page::TraceFiles>> = Vec::new();
     let report = run_sweep(&spec, &mut runner, &stop, |p| {
         match p {
             Progress::Start { index, total, combo } => {
@@ -808,11 +809,11 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                     eprintln!("[{}/{total}] {what}", index + 1);
                 }
             }
-            Progress::Done { index, total, result, report, folded } => {
-                if let (Some(d), Some(f)) = (&a.plots, folded) {
-                    let path = bitnet_bench::page::write_flamegraph(d, result, f)?;
-                    flamegraphs.resize(report.results.len(), None);
-                    flamegraphs[report.results.len() - 1] = Some(path);
+            Progress::Done { index, total, result, report, traced } => {
+                if let (Some(d), Some(t)) = (&a.plots, traced) {
+                    let files = bitnet_bench::page::write_traced(d, result, t)?;
+                    traces.resize(report.results.len(), None);
+                    traces[report.results.len() - 1] = Some(files);
                 }
                 if let Some(b) = &bar {
                     b.set_position(index as u64 + 1);
@@ -851,7 +852,7 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
     }
     if let Some(d) = &a.plots {
         let links: Vec<PathBuf> = a.json_report.iter().chain(&a.csv).chain(&a.markdown).cloned().collect();
-        bitnet_bench::page::write_all_traced(&report, d, &links, &flamegraphs)?;
+        bitnet_bench::page::write_all_traced(&report, d, &links, &traces)?;
     }
     if let Some(db) = &a.db {
         let id = bitnet_bench::history::append(db, &report)?;

@@ -11,6 +11,7 @@ use bitnet_report::html::{self, escape, with_ci, Cell, Column, Table};
 use bitnet_report::report::{BenchResult, Report};
 
 use crate::output;
+use crate::sweep::Traced;
 
 /// The results table: one row per combination.
 pub fn results_table(r: &Report) -> Table {
@@ -179,21 +180,29 @@ pub fn write_all(r: &Report, dir: &Path, links: &[PathBuf]) -> Result<()> {
     write_all_traced(r, dir, links, &[])
 }
 
-/// [`write_all`] with each result's flamegraph ([`write_flamegraph`]; `flamegraphs[i]` is
-/// result i's, where `--trace` drew one) linked from its row.
-pub fn write_all_traced(r: &Report, dir: &Path, links: &[PathBuf], flamegraphs: &[Option<PathBuf>]) -> Result<()> {
+/// [`write_all`] with each result's traced run ([`write_traced`]; `traces[i]` is result i's,
+/// where `--trace` recorded one) linked from its row.
+pub fn write_all_traced(r: &Report, dir: &Path, links: &[PathBuf], traces: &[Option<TraceFiles>]) -> Result<()> {
     let body = format!("{}{}", about(r), notes(r));
-    write_page(&r.model.name, &body, r, &[], dir, links, flamegraphs)
+    write_page(&r.model.name, &body, r, &[], dir, links, traces)
 }
 
-/// Draws a combination's traced run (`--trace`) as a flamegraph, `DIR/flamegraphs/NAME.svg`,
-/// beside its folded stacks `NAME.folded` (for inferno, speedscope or a differential graph),
-/// NAME being the configuration (`i2s-avx512-t2-b1-c128-f16`). Returns the SVG's path.
-pub fn write_flamegraph(dir: &Path, x: &BenchResult, folded: &str) -> Result<PathBuf> {
+/// Where [`write_traced`] put a combination's traced run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceFiles {
+    pub flamegraph: PathBuf,
+    pub timeline: PathBuf,
+}
+
+/// Writes a combination's traced run (`--trace`) into `DIR/traces/`: `NAME.svg`, its
+/// flamegraph; `NAME.folded`, the stacks it draws (for inferno, speedscope or
+/// `bitnet-trace diff`); `NAME.trace.json`, its timeline (Perfetto, chrome://tracing). NAME is
+/// the configuration, `i2s-avx512-t2-b1-c128-f16`.
+pub fn write_traced(dir: &Path, x: &BenchResult, traced: &Traced) -> Result<TraceFiles> {
     let c = &x.config;
     let name = format!("{}-{}-t{}-b{}-c{}-{}", c.kernel, c.isa, c.threads, c.batch, c.context_length, c.kv_precision);
     let name: String = name.chars().map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' { ch } else { '_' }).collect();
-    let sub = dir.join("flamegraphs");
+    let sub = dir.join("traces");
     std::fs::create_dir_all(&sub).with_context(|| format!("--plots {}: cannot create the directory", sub.display()))?;
     let mut svg = Vec::new();
     let title = format!("{} {}/{}: one traced run, prefill and decode", c.model, c.kernel, c.isa);
@@ -201,12 +210,15 @@ pub fn write_flamegraph(dir: &Path, x: &BenchResult, folded: &str) -> Result<Pat
         "batch {}, context {}, KV {}; nanoseconds summed over {} threads",
         c.batch, c.context_length, c.kv_precision, c.threads
     );
-    bitnet_trace::folded::flamegraph(folded, &title, &subtitle, &mut svg)
+    bitnet_trace::folded::flamegraph(&traced.folded, &title, &subtitle, &mut svg)
         .with_context(|| format!("flamegraph of {name}"))?;
-    bitnet_report::files::write_atomic(&sub.join(format!("{name}.folded")), folded.as_bytes())?;
-    let path = sub.join(format!("{name}.svg"));
-    bitnet_report::files::write_atomic(&path, &svg)?;
-    Ok(path)
+    let write = |ext: &str, bytes: &[u8]| -> Result<PathBuf> {
+        let path = sub.join(format!("{name}.{ext}"));
+        bitnet_report::files::write_atomic(&path, bytes)?;
+        Ok(path)
+    };
+    write("folded", traced.folded.as_bytes())?;
+    Ok(TraceFiles { flamegraph: write("svg", &svg)?, timeline: write("trace.json", traced.timeline.as_bytes())? })
 }
 
 /// [`write_all`] for several reports shown as one (`show`; `all` is
@@ -241,7 +253,7 @@ fn write_page(
     sources: &[String],
     dir: &Path,
     links: &[PathBuf],
-    flamegraphs: &[Option<PathBuf>],
+    traces: &[Option<TraceFiles>],
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--plots {}: cannot create the directory", dir.display()))?;
     let crate::plots::Charts { drawn: charts, not_drawn } = crate::plots::charts(r, sources);
@@ -257,15 +269,22 @@ fn write_page(
     }
     body.push_str("<h2>Results</h2>\n");
     let mut table = results_table(r);
-    if flamegraphs.iter().any(Option::is_some) {
+    if traces.iter().any(Option::is_some) {
         table
             .columns
-            .push(Column::label("trace", "the traced run's flamegraph (--trace); its folded stacks beside it"));
+            .push(Column::label("flamegraph", "the traced run's flamegraph (--trace); its folded stacks beside it"));
+        table.columns.push(Column::label(
+            "timeline",
+            "the traced run's timeline from its start (the prefill and first decode steps; bitnet-trace records whole runs) in Chrome's trace-event JSON: open it in Perfetto or chrome://tracing",
+        ));
         for (i, row) in table.rows.iter_mut().enumerate() {
-            row.push(match flamegraphs.get(i).and_then(Option::as_ref) {
-                Some(p) => Cell::text("flamegraph").linked(relative(p, dir)),
-                None => Cell::none(),
-            });
+            match traces.get(i).and_then(Option::as_ref) {
+                Some(t) => row.extend([
+                    Cell::text("svg").linked(relative(&t.flamegraph, dir)),
+                    Cell::text("trace.json").linked(relative(&t.timeline, dir)),
+                ]),
+                None => row.extend([Cell::none(), Cell::none()]),
+            }
         }
     }
     body.push_str(&table.to_html());

@@ -173,10 +173,23 @@ pub struct Diagnostics {
     pub stages: Option<BTreeMap<String, f64>>,
     /// Counter values per decode step.
     pub counters: Option<BTreeMap<String, f64>>,
-    /// The traced run's folded stacks (prefill and decode, nanoseconds summed over threads),
-    /// for its flamegraph.
-    pub folded: Option<String>,
+    /// What the traced run recorded (`--trace`).
+    pub traced: Option<Traced>,
 }
+
+/// A combination's traced run (prefill and decode), as files a profiler reads.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Traced {
+    /// Folded stacks, nanoseconds summed over threads (the flamegraph's input).
+    pub folded: String,
+    /// The timeline in Chrome's trace-event JSON (Perfetto, chrome://tracing).
+    pub timeline: String,
+}
+
+/// Events a traced run keeps per thread for its timeline, from its start (more are counted in
+/// the file's `otherData.overflow_events`, not kept): the prefill and the first decode steps
+/// (a large-preset step records ~2000 per thread), at most ~3 MB of JSON per thread.
+pub const TIMELINE_EVENTS: usize = 16_384;
 
 /// The measurement seam: the engine in production, a fake in tests.
 pub trait Runner {
@@ -274,8 +287,8 @@ pub fn preflight(spec: &SweepSpec, runner: &dyn Runner, combos: &[Combo]) -> Res
 pub enum Progress<'a> {
     /// About to measure combination `index` of `total`.
     Start { index: usize, total: usize, combo: &'a Combo },
-    /// Finished it; the report now holds it. `folded`: its traced run's stacks (`--trace`).
-    Done { index: usize, total: usize, result: &'a BenchResult, report: &'a Report, folded: Option<&'a str> },
+    /// Finished it; the report now holds it. `traced`: its traced run (`--trace`).
+    Done { index: usize, total: usize, result: &'a BenchResult, report: &'a Report, traced: Option<&'a Traced> },
 }
 
 /// UTC now in RFC 3339 (seconds).
@@ -402,12 +415,12 @@ pub fn run_sweep(
         } else {
             None
         };
-        let folded = diag.folded.take();
+        let traced = diag.traced.take();
         let result = summarize(combo, &report.model.name, &prepared, &samples, &passes, quality, diag);
         report.results.push(result);
         report.refresh_derived();
         let last = report.results.last().expect("just pushed");
-        progress(Progress::Done { index, total, result: last, report: &report, folded: folded.as_deref() })?;
+        progress(Progress::Done { index, total, result: last, report: &report, traced: traced.as_ref() })?;
     }
     report.complete = report.results.len() == total;
     if report.complete {
@@ -867,7 +880,9 @@ impl Runner for EngineRunner {
 
     fn diagnose(&mut self, max_new: usize, trace: bool, counters: bool) -> Result<Diagnostics> {
         let (_, st, _) = self.state()?;
-        st.set_instrument(if trace { Level::Aggregate } else { Level::Off }, 0);
+        // On a timeline, as `bitnet-trace` records by default: its stage shares are the same
+        // kind of figure, and the run gives the page its timeline.
+        st.set_instrument(if trace { Level::Timeline } else { Level::Off }, if trace { TIMELINE_EVENTS } else { 0 });
         let mut c = counters.then(|| bitnet_trace::counters::Counters::open(&bitnet_trace::counters::thread_ids()));
         // The counts of the prefill are read and dropped when decode starts, so what is left
         // is the decode steps' alone.
@@ -887,7 +902,10 @@ impl Runner for EngineRunner {
         st.set_instrument(Level::Off, 0);
         sample?;
         let steps = max_new.max(1) as f64;
-        let folded = spans.as_ref().map(|s| bitnet_trace::folded::folded(s, bitnet_trace::folded::Weight::Nanos));
+        let traced = spans.as_ref().map(|s| Traced {
+            folded: bitnet_trace::folded::folded(s, bitnet_trace::folded::Weight::Nanos),
+            timeline: bitnet_trace::chrome::trace_json(s, "bitnet-bench --trace").to_string(),
+        });
         let stages = spans.map(|s| {
             let mut m = BTreeMap::new();
             for t in s.totals.iter().filter(|t| t.phase == Phase::Decode) {
@@ -896,7 +914,7 @@ impl Runner for EngineRunner {
             m
         });
         let counters = counted.map(|d| d.into_iter().map(|(k, v)| (k.to_string(), v.value / steps)).collect());
-        Ok(Diagnostics { stages, counters, folded })
+        Ok(Diagnostics { stages, counters, traced })
     }
 
     fn quality(&mut self, kv: KvPrecision, positions: usize, threads: usize) -> Result<Quality> {

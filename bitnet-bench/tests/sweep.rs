@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Result;
 use bitnet_bench::output;
 use bitnet_bench::sweep::{
-    run_sweep, Combo, Diagnostics, Prepared, Progress, RooflinePass, RunSample, Runner, SweepSpec,
+    run_sweep, Combo, Diagnostics, Prepared, Progress, RooflinePass, RunSample, Runner, SweepSpec, Traced,
 };
 use bitnet_engine::{IsaLevel, Kernel, KernelFamily, KernelForm, KvPrecision};
 use bitnet_report::report::{self, ModelInfo, Quality, Report};
@@ -85,9 +85,11 @@ impl Runner for FakeRunner<'_> {
     }
     fn diagnose(&mut self, _max_new: usize, trace: bool, _counters: bool) -> Result<Diagnostics> {
         let stages = trace.then(|| BTreeMap::from([("dot".to_string(), 300.0), ("unpack".to_string(), 100.0)]));
-        let folded =
-            trace.then(|| "decode;layer.00;ffn.down;dot 300\ndecode;layer.00;ffn.down;unpack 100\n".to_string());
-        Ok(Diagnostics { stages, counters: None, folded })
+        let traced = trace.then(|| Traced {
+            folded: "decode;layer.00;ffn.down;dot 300\ndecode;layer.00;ffn.down;unpack 100\n".into(),
+            timeline: "{\"traceEvents\": []}".into(),
+        });
+        Ok(Diagnostics { stages, counters: None, traced })
     }
     fn quality(&mut self, kv: KvPrecision, positions: usize, _threads: usize) -> Result<Quality> {
         let kl = match kv {
@@ -706,45 +708,52 @@ fn synthetic_quality_is_labelled_not_shown_as_an_estimate() {
 }
 
 #[test]
-fn a_traced_sweep_links_each_rows_flamegraph_from_the_page() {
+fn a_traced_sweep_links_each_rows_flamegraph_and_timeline_from_the_page() {
     let stop = AtomicBool::new(false);
     let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: None };
     let scratch = tempfile::Builder::new().prefix("bitnet-bench-flame-").tempdir().unwrap();
     let dir = scratch.path();
-    let mut flamegraphs = Vec::new();
+    let mut traces = Vec::new();
     let r = run_sweep(&spec(), &mut runner, &stop, |p| {
-        if let Progress::Done { result, folded, .. } = p {
-            let folded = folded.expect("--trace passes the traced run's stacks on");
-            flamegraphs.push(Some(bitnet_bench::page::write_flamegraph(dir, result, folded)?));
+        if let Progress::Done { result, traced, .. } = p {
+            let traced = traced.expect("--trace passes the traced run on");
+            traces.push(Some(bitnet_bench::page::write_traced(dir, result, traced)?));
         }
         Ok(())
     })
     .unwrap();
-    bitnet_bench::page::write_all_traced(&r, dir, &[], &flamegraphs).unwrap();
+    bitnet_bench::page::write_all_traced(&r, dir, &[], &traces).unwrap();
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     let rows: Vec<&str> = html.lines().filter(|l| l.starts_with("<tr><td")).collect();
     assert_eq!(rows.len(), r.results.len());
     for (row, x) in rows.iter().zip(&r.results) {
         let c = &x.config;
         let name = format!("i2s-{}-t2-b{}-c8-{}", c.isa, c.batch, c.kv_precision);
-        assert!(row.ends_with(&format!("<td><a href=\"flamegraphs/{name}.svg\">flamegraph</a></td></tr>")), "{row}");
-        let svg = std::fs::read_to_string(dir.join(format!("flamegraphs/{name}.svg"))).unwrap();
+        assert!(
+            row.ends_with(&format!(
+                "<td><a href=\"traces/{name}.svg\">svg</a></td><td><a href=\"traces/{name}.trace.json\">trace.json</a></td></tr>"
+            )),
+            "{row}"
+        );
+        let svg = std::fs::read_to_string(dir.join(format!("traces/{name}.svg"))).unwrap();
         assert!(svg.contains("unpack") && svg.contains("ffn.down"), "the graph draws the stacks");
-        let folded = std::fs::read_to_string(dir.join(format!("flamegraphs/{name}.folded"))).unwrap();
+        let folded = std::fs::read_to_string(dir.join(format!("traces/{name}.folded"))).unwrap();
         assert_eq!(folded, "decode;layer.00;ffn.down;dot 300\ndecode;layer.00;ffn.down;unpack 100\n");
+        let timeline = std::fs::read_to_string(dir.join(format!("traces/{name}.trace.json"))).unwrap();
+        assert_eq!(timeline, "{\"traceEvents\": []}");
     }
-    assert!(html.contains(">trace</th>"));
+    assert!(html.contains(">flamegraph</th>") && html.contains(">timeline</th>"));
     // Without --trace: no column, no stacks passed on.
     let mut untraced = spec();
     untraced.trace = false;
     let mut runner = FakeRunner { combo: None, runs: 0, probes: 0, stop_after_runs: None };
     run_sweep(&untraced, &mut runner, &stop, |p| {
-        if let Progress::Done { folded, .. } = p {
-            assert!(folded.is_none());
+        if let Progress::Done { traced, .. } = p {
+            assert!(traced.is_none());
         }
         Ok(())
     })
     .unwrap();
     bitnet_bench::page::write_all(&r, dir, &[]).unwrap();
-    assert!(!std::fs::read_to_string(dir.join("index.html")).unwrap().contains(">trace</th>"));
+    assert!(!std::fs::read_to_string(dir.join("index.html")).unwrap().contains(">flamegraph</th>"));
 }
