@@ -8,7 +8,7 @@ Usage: check_page.py PAGE.html OUTDIR NAME TABLE SORT_COLUMN FILTER_COLUMN [REPO
 - the table's cells after the page's script ran are the ones the page was written with (the
   script only reorders and hides rows); with REPORT.json, each row's tg sort key is the
   report's decode median;
-- `#sort=TABLE:COL:desc` orders the rows by SORT_COLUMN, descending;
+- `#sort=TABLE:COL:desc` (COL by name and by index) orders the rows by SORT_COLUMN, descending;
 - `#filter=COL:VALUE` hides exactly the rows whose FILTER_COLUMN cell differs;
 - every chart has labelled ticks (text in its SVG);
 - every link to a file beside the page (JSON, CSV, charts, flamegraphs) reaches one;
@@ -123,18 +123,20 @@ def main():
     if any(n < 3 for n in loaded.svg_texts):
         failures.append(f"a chart without labelled ticks (text elements per chart: {loaded.svg_texts})")
 
-    dom = chromium(page.as_uri() + f"#sort={TABLE}:{col}:desc", "--dump-dom")
-    order = [float(r["keys"][col]) for r in parse(dom).rows]
-    if order != sorted(order, reverse=True):
-        failures.append(f"#sort={TABLE}:{col}:desc left {sort_name} in the order {order}")
+    # By name (what a shared address says) and by index.
+    for how in (sort_name, col):
+        dom = chromium(page.as_uri() + f"#sort={TABLE}:{how}:desc", "--dump-dom")
+        order = [float(r["keys"][col]) for r in parse(dom).rows]
+        if order != sorted(order, reverse=True):
+            failures.append(f"#sort={TABLE}:{how}:desc left {sort_name} in the order {order}")
 
     fcol = names.index(filter_name)
     value = written.rows[0]["cells"][fcol] if written.rows else ""
-    dom = chromium(page.as_uri() + f"#filter={fcol}:{value}", "--dump-dom")
+    dom = chromium(page.as_uri() + f"#filter={filter_name}:{value}", "--dump-dom")
     rows = parse(dom).rows
     wrong = [r["cells"][fcol] for r in rows if r["hidden"] == (r["cells"][fcol] == value)]
     if wrong or not rows:
-        failures.append(f"#filter={fcol}:{value} showed or hid the wrong rows ({wrong})")
+        failures.append(f"#filter={filter_name}:{value} showed or hid the wrong rows ({wrong})")
 
     hrefs = [h.split('"', 1)[0] for h in text.split('href="')[1:]]
     local = [h for h in hrefs if "://" not in h and not h.startswith("#")]

@@ -13,6 +13,9 @@ use bitnet_report::report::{BenchResult, Report};
 use crate::output;
 use crate::sweep::Traced;
 
+/// The results table's first columns, which say what ran (model … kv); the rest are measured.
+pub const CONFIG_COLUMNS: usize = 7;
+
 /// The results table: one row per combination.
 pub fn results_table(r: &Report) -> Table {
     let columns = vec![
@@ -286,6 +289,13 @@ fn write_page(
                 None => row.extend([Cell::none(), Cell::none()]),
             }
         }
+    }
+    // What every row shares (one model, kernel, thread count...) is said once above the table,
+    // which then fits the window better.
+    let shared = table.hoist_constant(CONFIG_COLUMNS);
+    if !shared.is_empty() {
+        let list: Vec<String> = shared.iter().map(|(k, v)| format!("{k} <b>{}</b>", escape(v))).collect();
+        body.push_str(&format!("<p class=\"shared\">Every row: {}</p>\n", list.join(" · ")));
     }
     body.push_str(&table.to_html());
     body.push_str(&format!("<p class=\"legend\">{}</p>\n", escape(&output::legend(r))));

@@ -112,6 +112,25 @@ pub struct Table {
 }
 
 impl Table {
+    /// Takes out the columns among the first `among` whose cells all read the same (with more
+    /// than one row), returning each one's name and text, so that a page can say them once
+    /// above the table instead of repeating them on every row.
+    pub fn hoist_constant(&mut self, among: usize) -> Vec<(String, String)> {
+        let same = |i: usize| {
+            self.rows.len() > 1
+                && self.rows.iter().all(|r| r.get(i).map(|c| &c.text) == self.rows[0].get(i).map(|c| &c.text))
+        };
+        let hoisted: Vec<usize> = (0..among.min(self.columns.len())).filter(|&i| same(i)).collect();
+        let out = hoisted.iter().map(|&i| (self.columns[i].name.clone(), self.rows[0][i].text.clone())).collect();
+        for &i in hoisted.iter().rev() {
+            self.columns.remove(i);
+            for r in &mut self.rows {
+                r.remove(i);
+            }
+        }
+        out
+    }
+
     /// The filters (one select per filtered column, listing its values in order of first
     /// appearance), then the table in a box that scrolls sideways when it is wider than the page.
     pub fn to_html(&self) -> String {
@@ -186,15 +205,17 @@ dl.meta dt{color:#555}dl.meta dd{margin:0}\
 .scroll{overflow-x:auto;max-width:100%;border:1px solid #ddd}\
 table{border-collapse:collapse;font-size:13px;white-space:nowrap}\
 th,td{border-bottom:1px solid #e4e4e4;padding:4px 8px;text-align:left}\
-th{background:#f5f5f5;cursor:pointer;vertical-align:bottom;position:sticky;top:0}\
+th{background:#f5f5f5;cursor:pointer;vertical-align:bottom;position:sticky;top:0;white-space:normal;min-width:3em}\
 th small{color:#666;font-weight:normal}.num{text-align:right;font-variant-numeric:tabular-nums}\
 th[aria-sort=ascending]::after{content:' \\25B2'}th[aria-sort=descending]::after{content:' \\25BC'}\
 tbody tr:hover{background:#f0f6ff}figure{margin:24px 0}figcaption{font-weight:600;margin-bottom:6px}figure svg{max-width:100%;height:auto}figure svg text.title{display:none}\
-.links a{margin-right:14px}p.legend{font-size:13px;color:#444}";
+.links a{margin-right:14px}p.legend{font-size:13px;color:#444}p.shared{font-size:14px;margin:6px 0}";
 
 /// Sorting (click a header; `#sort=TABLE:COLUMN[:desc]` on load) and filtering (the selects
-/// above a table hide the rows whose cell differs; `#filter=COLUMN:VALUE` on load).
+/// above a table hide the rows whose cell differs; `#filter=COLUMN:VALUE` on load); COLUMN is
+/// a column's name (`tg`) or its index.
 const SCRIPT: &str = r#"(function(){
+function colOf(t,c){if(/^\d+$/.test(c))return +c;var h=t.tHead.rows[0].cells;for(var i=0;i<h.length;i++){if(h[i].firstChild.textContent===c)return i;}return -1;}
 function key(td){var v=td.getAttribute('data-v');return v===null?td.textContent:parseFloat(v);}
 function sortBy(t,col,desc){var tb=t.tBodies[0],rows=Array.prototype.slice.call(tb.rows);
 rows.sort(function(a,b){var x=key(a.cells[col]),y=key(b.cells[col]);
@@ -207,8 +228,8 @@ document.querySelectorAll('.filters').forEach(function(f){var t=document.getElem
 var sels=f.querySelectorAll('select');function apply(){Array.prototype.forEach.call(t.tBodies[0].rows,function(r){var show=true;
 sels.forEach(function(s){var c=+s.getAttribute('data-col');if(s.value!==''&&r.cells[c].textContent!==s.value)show=false;});r.hidden=!show;});}
 sels.forEach(function(s){s.addEventListener('change',apply);});
-var fm=/filter=(\d+):([^&]*)/.exec(location.hash);if(fm){sels.forEach(function(s){if(s.getAttribute('data-col')===fm[1])s.value=decodeURIComponent(fm[2]);});apply();}});
-var m=/sort=([^:&]+):(\d+)(:desc)?/.exec(location.hash);if(m){var t=document.getElementById(decodeURIComponent(m[1]));if(t)sortBy(t,+m[2],!!m[3]);}
+var fm=/filter=([^:&]+):([^&]*)/.exec(location.hash);if(fm){var fc=colOf(t,decodeURIComponent(fm[1]));sels.forEach(function(s){if(+s.getAttribute('data-col')===fc)s.value=decodeURIComponent(fm[2]);});apply();}});
+var m=/sort=([^:&]+):([^:&]+)(:desc)?/.exec(location.hash);if(m){var t=document.getElementById(decodeURIComponent(m[1]));if(t){var c=colOf(t,decodeURIComponent(m[2]));if(c>=0)sortBy(t,c,!!m[3]);}}
 })();"#;
 
 /// A page: `title`, then `body` (already HTML), with the style and the script inline.
@@ -270,5 +291,29 @@ mod tests {
         let p = page("a <b>", &h);
         assert!(p.starts_with("<!doctype html>") && p.contains("<title>a &lt;b&gt;</title>") && !p.contains("http"));
         assert!(!p.contains("<link") && !p.contains("src="), "nothing fetched");
+    }
+
+    #[test]
+    fn constant_columns_are_hoisted_and_the_rest_keep_their_cells() {
+        let mut t = Table {
+            id: "t".into(),
+            columns: vec![
+                Column::label("model", ""),
+                Column::count("batch", ""),
+                Column::label("kv", ""),
+                Column::new("tg", "t/s", ""),
+            ],
+            rows: [("1", "f16", "10"), ("4", "f16", "20"), ("1", "f16", "10")]
+                .iter()
+                .map(|(b, kv, tg)| vec![Cell::text("m"), Cell::text(*b), Cell::text(*kv), Cell::number(1.0, *tg)])
+                .collect(),
+        };
+        // tg is constant in two rows only, and outside `among` anyway.
+        assert_eq!(t.hoist_constant(3), vec![("model".into(), "m".into()), ("kv".into(), "f16".into())]);
+        assert_eq!(t.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["batch", "tg"]);
+        assert_eq!(t.rows[1].iter().map(|c| c.text.as_str()).collect::<Vec<_>>(), ["4", "20"]);
+        // One row: nothing is hoisted (the row itself says it).
+        let mut one = Table { id: "o".into(), columns: t.columns.clone(), rows: vec![t.rows[0].clone()] };
+        assert!(one.hoist_constant(2).is_empty() && one.columns.len() == 2);
     }
 }
