@@ -259,6 +259,7 @@ pub fn import(entries: &[LlamaBenchEntry], name: &str) -> Result<Report> {
             by_threads: BTreeMap::new(),
             probes_gbps: BTreeMap::new(),
             int8_peak_gmacs: BTreeMap::new(),
+            int8_peak_probes: BTreeMap::new(),
             probe_bytes: None,
             step_probe_bytes: None,
         },

@@ -810,10 +810,18 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                 }
             }
             Progress::Done { index, total, result, report, traced } => {
+                // After every combination, so an interruption or crash loses nothing finished.
+                if let Some(p) = &json_path {
+                    write_atomic(p, (serde_json::to_string_pretty(report)? + "\n").as_bytes())?;
+                }
+                // A trace that cannot be drawn (an engine built without spans records none)
+                // costs its links, not the sweep.
                 if let (Some(d), Some(t)) = (&a.plots, traced) {
-                    let files = bitnet_bench::page::write_traced(d, result, t)?;
                     traces.resize(report.results.len(), None);
-                    traces[report.results.len() - 1] = Some(files);
+                    match bitnet_bench::page::write_traced(d, result, t) {
+                        Ok(files) => traces[report.results.len() - 1] = Some(files),
+                        Err(e) => eprintln!("bitnet-bench: warning: {}: no trace files: {e:#}", result.config),
+                    }
                 }
                 if let Some(b) = &bar {
                     b.set_position(index as u64 + 1);
@@ -829,10 +837,6 @@ fn model_sweep(a: SweepArgs) -> Result<()> {
                             .compute_fraction
                             .map_or(String::new(), |f| format!(", {:.0}% of int8 peak", f * 100.0))
                     );
-                }
-                // After every combination, so an interruption or crash loses nothing finished.
-                if let Some(p) = &json_path {
-                    write_atomic(p, (serde_json::to_string_pretty(report)? + "\n").as_bytes())?;
                 }
             }
         }

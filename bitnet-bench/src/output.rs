@@ -134,11 +134,38 @@ pub fn mib(bytes: u64) -> String {
 
 /// The compute rooflines: `; int8 peak avx512/1 233.0, avx512/2 466.1 G multiply-adds/s`.
 fn peaks_note(r: &bitnet_report::roofline::Roofline) -> String {
+    peaks_text(r).map_or(String::new(), |t| format!("; int8 peak {t}"))
+}
+
+/// The compute rooflines with their probes where there were several:
+/// `avx512/2 466.1 (probes 452.0 → 466.1, 3% apart) G multiply-adds/s`.
+pub fn peaks_text(r: &bitnet_report::roofline::Roofline) -> Option<String> {
     if r.int8_peak_gmacs.is_empty() {
-        return String::new();
+        return None;
     }
-    let each: Vec<String> = r.int8_peak_gmacs.iter().map(|(k, g)| format!("{k} {g:.1}")).collect();
-    format!("; int8 peak {} G multiply-adds/s", each.join(", "))
+    let each: Vec<String> = r
+        .int8_peak_gmacs
+        .iter()
+        .map(|(k, g)| {
+            let probes = r.int8_peak_probes.get(k).filter(|p| p.len() > 1).map_or(String::new(), |p| {
+                let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
+                format!(" (probes {}, {:.0}% apart)", list.join(" → "), spread(p) * 100.0)
+            });
+            format!("{k} {g:.1}{probes}")
+        })
+        .collect();
+    Some(format!("{} G multiply-adds/s", each.join(", ")))
+}
+
+/// (max − min) / max of probes.
+fn spread(p: &[f64]) -> f64 {
+    let hi = p.iter().copied().fold(f64::MIN, f64::max);
+    let lo = p.iter().copied().fold(f64::MAX, f64::min);
+    if hi > 0.0 {
+        (hi - lo) / hi
+    } else {
+        0.0
+    }
 }
 
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a
@@ -293,6 +320,14 @@ pub fn warnings(r: &Report) -> Vec<String> {
             "The read bandwidth moved during the sweep: the {threads}-thread probes read {} GB/s, {:.0}% apart, so figures against it are uncertain.",
             list.join(", "),
             spread * 100.0
+        ));
+    }
+    for (key, p) in r.roofline.int8_peak_probes.iter().filter(|(_, p)| spread(p) > 0.10) {
+        let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
+        w.push(format!(
+            "The int8 peak moved during the sweep: the {key} probes read {} G multiply-adds/s, {:.0}% apart, so compute fractions against it are uncertain.",
+            list.join(", "),
+            spread(p) * 100.0
         ));
     }
     w.extend(above_probe_warning(r));

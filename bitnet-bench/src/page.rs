@@ -109,9 +109,8 @@ fn about(r: &Report) -> String {
         ("machine", escape(&machine(s))),
         ("read bandwidth", escape(&bandwidth(r))),
     ];
-    if !r.roofline.int8_peak_gmacs.is_empty() {
-        let peaks: Vec<String> = r.roofline.int8_peak_gmacs.iter().map(|(k, g)| format!("{k} {g:.1}")).collect();
-        items.push(("int8 peak", escape(&format!("{} G multiply-adds/s", peaks.join(", ")))));
+    if let Some(peaks) = output::peaks_text(&r.roofline) {
+        items.push(("int8 peak", escape(&peaks)));
     }
     if let Some(q) = output::quality_source(r) {
         items.push(("KV quality on", escape(&q)));

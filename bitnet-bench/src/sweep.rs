@@ -370,6 +370,7 @@ pub fn run_sweep(
             by_threads,
             probes_gbps,
             int8_peak_gmacs: BTreeMap::new(),
+            int8_peak_probes: BTreeMap::new(),
             probe_bytes: Some(spec.probe_bytes as u64),
             step_probe_bytes: Some(ROOFLINE_PROBE_BYTES as u64),
         },
@@ -447,7 +448,9 @@ fn probe_peaks(
 ) -> Result<()> {
     for &(isa, t) in cases {
         if let Some(g) = runner.int8_peak_gmacs(isa, t).context(what.to_string())? {
-            roofline.raise_peak(&peak_key(isa.name(), t), g);
+            let key = peak_key(isa.name(), t);
+            roofline.int8_peak_probes.entry(key.clone()).or_default().push(g);
+            roofline.raise_peak(&key, g);
         }
     }
     Ok(())

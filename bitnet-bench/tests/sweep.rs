@@ -235,6 +235,21 @@ fn the_header_names_probes_that_moved_and_missing_huge_pages() {
     let h = output::header(&r);
     assert!(h.contains("; probes 20.0 → 25.0; 1-thread probes 10.0 → 15.0, 33% apart: bandwidth moved"), "{h}");
     assert!(h.contains("no huge pages (BITNET_HUGE_PAGES=0)"), "{h}");
+    // The int8 peak's probes (before and after the runs) and, past 10% apart, a warning.
+    assert_eq!(r.roofline.int8_peak_probes["avx512/2"], [400.0, 400.0]);
+    assert!(!output::warnings(&r).iter().any(|w| w.contains("int8 peak moved")));
+    r.roofline.int8_peak_probes.insert("avx512/2".into(), vec![300.0, 400.0]);
+    let h = output::header(&r);
+    assert!(h.contains("int8 peak avx512/2 400.0 (probes 300.0 → 400.0, 25% apart) G multiply-adds/s"), "{h}");
+    let w = output::warnings(&r);
+    assert!(
+        w.iter()
+            .any(|w| w.starts_with("The int8 peak moved during the sweep: the avx512/2 probes read 300.0, 400.0 G")),
+        "{w:?}"
+    );
+    // Merged runs keep every probe.
+    let m = bitnet_report::merge(&[("a".to_string(), r.clone()), ("b".to_string(), r.clone())]).unwrap();
+    assert_eq!(m.roofline.int8_peak_probes["avx512/2"], [300.0, 400.0, 300.0, 400.0]);
 }
 
 /// A fraction above 100% cannot be the machine's: the table says its probe read low.
@@ -756,6 +771,12 @@ fn a_traced_sweep_links_each_rows_flamegraph_and_timeline_from_the_page() {
         assert_eq!(timeline, "{\"traceEvents\": []}");
     }
     assert!(html.contains(">flamegraph</th>") && html.contains(">timeline</th>"));
+    // A run that recorded no spans (an engine built without them) has no graph to draw: an
+    // error naming it (the sweep warns and goes on), and no file half-written.
+    let empty = tempfile::Builder::new().prefix("bitnet-bench-flame-empty-").tempdir().unwrap();
+    let err = bitnet_bench::page::write_traced(empty.path(), &r.results[0], &Traced::default()).unwrap_err();
+    assert!(format!("{err:#}").contains("no spans were recorded"), "{err:#}");
+    assert_eq!(std::fs::read_dir(empty.path().join("traces")).unwrap().count(), 0);
     // Without --trace: no column, no stacks passed on.
     let mut untraced = spec();
     untraced.trace = false;

@@ -77,6 +77,9 @@ pub fn merge(reports: &[(String, Report)]) -> Result<Report> {
         for (k, g) in &r.roofline.int8_peak_gmacs {
             out.roofline.raise_peak(k, *g);
         }
+        for (k, probes) in &r.roofline.int8_peak_probes {
+            out.roofline.int8_peak_probes.entry(k.clone()).or_default().extend(probes);
+        }
         for x in &r.results {
             match out.results.iter_mut().find(|o| o.config == x.config) {
                 None => out.results.push(x.clone()),

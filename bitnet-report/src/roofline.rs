@@ -33,6 +33,11 @@ pub struct Roofline {
     /// at avx2); absent for scalar kernels, older and imported reports.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub int8_peak_gmacs: BTreeMap<String, f64>,
+    /// Every compute-peak probe per `ISA/threads`, in order (before the runs, and after them
+    /// when the sweep finished): how much the peak moved while it was measured. Absent in
+    /// older and imported reports.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub int8_peak_probes: BTreeMap<String, Vec<f64>>,
     /// Bytes each pass of the bandwidth probes above reads (1 GiB; 64 MiB with `--quick`,
     /// which a large last-level cache partly holds, so it reads faster).
     /// Absent in older and imported reports.
