@@ -123,15 +123,30 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
     if r.results.is_empty() {
         return out;
     }
-    // Decode tokens/s vs batch size, a line per KV precision (and context, kernel, threads).
+    // Decode tokens/s vs batch size, a line per KV precision, context, kernel and thread count,
+    // named by those of them that differ between the lines (the page says the rest once).
     let batches = distinct(r.results.iter().map(|x| x.config.batch));
     if batches.len() > 1 {
+        let parts: Vec<[String; 4]> = r
+            .results
+            .iter()
+            .map(|x| {
+                let c = &x.config;
+                [
+                    format!("KV {}", c.kv_precision),
+                    format!("ctx {}", c.context_length),
+                    c.kernel.clone(),
+                    format!("t{}", c.threads),
+                ]
+            })
+            .collect();
+        let varies: [bool; 4] = std::array::from_fn(|k| parts.iter().any(|p| p[k] != parts[0][k]));
         let mut tg: BTreeMap<String, Vec<Point>> = BTreeMap::new();
-        for (i, x) in r.results.iter().enumerate() {
-            let c = &x.config;
-            let key = format!("{}{} ctx {} {} t{}", who[i], c.kv_precision, c.context_length, c.kernel, c.threads);
-            let what = format!("{key}, batch {}", c.batch);
-            tg.entry(key).or_default().push(stat_point(c.batch as f64, &x.decode.tokens_per_sec, &what));
+        for (i, (x, p)) in r.results.iter().zip(&parts).enumerate() {
+            let named: Vec<&str> = p.iter().zip(varies).filter(|(_, v)| *v).map(|(s, _)| s.as_str()).collect();
+            let key = format!("{}{}", who[i], if named.is_empty() { p[0].clone() } else { named.join(" ") });
+            let what = format!("{}{}, batch {}", who[i], p.join(" "), x.config.batch);
+            tg.entry(key).or_default().push(stat_point(x.config.batch as f64, &x.decode.tokens_per_sec, &what));
         }
         let t = "Decode tokens/s vs batch size";
         let chart = LineChart {

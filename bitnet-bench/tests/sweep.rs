@@ -431,6 +431,10 @@ fn charts_and_page_are_written_for_a_report() {
         let svg = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(svg.contains("<svg"), "{f}");
     }
+    // A line per KV precision, named by it alone: context, kernel and threads are one value.
+    let svg = std::fs::read_to_string(dir.join("decode_vs_batch.svg")).unwrap();
+    assert!(svg.contains(">KV f16</text>") && svg.contains(">KV int8</text>"), "{svg}");
+    assert!(svg.contains("<title>KV int8 ctx 8 i2s t2, batch 4: median "), "the hover names all: {svg}");
     assert_eq!(html.matches("<svg").count(), 6, "every chart inlined: the page needs no other file");
     // One context length: a number in the table, not a one-point chart.
     assert!(!dir.join("latency_vs_context.svg").exists());
