@@ -94,6 +94,19 @@ fn the_html_page_holds_every_compared_figure() {
     assert_eq!(html.matches("<td>regression</td>").count(), 4);
     assert!(html.contains("slow &lt;&amp;&gt;.json") && !html.contains("slow <&>"), "file names escaped");
     assert!(html.contains("<select data-col=\"1\">") && html.contains("<select data-col=\"7\">"), "filters");
+    // The structure is pinned, the scratch and data directories named by placeholders (the
+    // bootstrap is seeded, so the figures are too).
+    let pinned = html
+        .replace(&format!("{}/", d.display()), "SCRATCH/")
+        .replace(&format!("{}/tests/data/", env!("CARGO_MANIFEST_DIR")), "DATA/");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/diff.html");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &pinned).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(pinned, want, "diff.html changed; review and rerun with UPDATE_GOLDEN=1");
 }
 
 #[test]
