@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use bitnet_report::report::{BenchResult, Report};
+use bitnet_report::roofline::spread;
 
 /// Column headers shared by the table, Markdown and CSV.
 const HEADERS: [&str; 17] = [
@@ -155,17 +156,6 @@ pub fn peaks_text(r: &bitnet_report::roofline::Roofline) -> Option<String> {
         })
         .collect();
     Some(format!("{} G multiply-adds/s", each.join(", ")))
-}
-
-/// (max − min) / max of probes.
-fn spread(p: &[f64]) -> f64 {
-    let hi = p.iter().copied().fold(f64::MIN, f64::max);
-    let lo = p.iter().copied().fold(f64::MAX, f64::min);
-    if hi > 0.0 {
-        (hi - lo) / hi
-    } else {
-        0.0
-    }
 }
 
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a

@@ -162,9 +162,7 @@ fn bandwidth(r: &Report) -> String {
     }
     let probes = f.probes_gbps.get(&f.threads.to_string()).filter(|p| p.len() > 1).map(|p| {
         let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
-        let hi = p.iter().copied().fold(f64::MIN, f64::max);
-        let lo = p.iter().copied().fold(f64::MAX, f64::min);
-        format!("; probes {}: {:.0}% apart", list.join(", "), (hi - lo) / hi * 100.0)
+        format!("; probes {}: {:.0}% apart", list.join(", "), bitnet_report::roofline::spread(p) * 100.0)
     });
     format!(
         "{:.1} GB/s with {} thread{} ({}{})",

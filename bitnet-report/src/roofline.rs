@@ -75,20 +75,22 @@ impl Roofline {
     /// The thread count whose probes are furthest apart, and their spread (max − min) / max;
     /// the first such count where several tie.
     pub fn widest_probe_spread(&self) -> Option<(&str, f64)> {
-        let spread = |v: &[f64]| {
-            let hi = v.iter().copied().fold(f64::MIN, f64::max);
-            let lo = v.iter().copied().fold(f64::MAX, f64::min);
-            if hi > 0.0 {
-                (hi - lo) / hi
-            } else {
-                0.0
-            }
-        };
         self.probes_gbps
             .iter()
             .filter(|(_, v)| !v.is_empty())
             .map(|(t, v)| (t.as_str(), spread(v)))
             .fold(None, |best: Option<(&str, f64)>, x| if best.is_some_and(|b| b.1 >= x.1) { best } else { Some(x) })
+    }
+}
+
+/// How far apart probes of one thing are: (max − min) / max (0 for none).
+pub fn spread(probes: &[f64]) -> f64 {
+    let hi = probes.iter().copied().fold(f64::MIN, f64::max);
+    let lo = probes.iter().copied().fold(f64::MAX, f64::min);
+    if hi > 0.0 {
+        (hi - lo) / hi
+    } else {
+        0.0
     }
 }
 
