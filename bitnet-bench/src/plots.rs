@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use bitnet_report::html::significant;
 use bitnet_report::report::{BenchResult, Report};
-use bitnet_report::roofline::per_second;
+use bitnet_report::roofline::{peak_key, per_second};
 use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series, Stack, StackedBarChart, XAxis};
 
 /// A combination's short label; with the model first when a chart holds several
@@ -91,7 +91,7 @@ fn stat_point(x: f64, s: &bitnet_report::Stat, what: &str) -> Point {
         y: s.median(),
         ci: (s.n() > 1).then(|| (s.ci95_low(), s.ci95_high())),
         hover: format!(
-            "{what}: median {}, 95% CI {} to {}, {} runs",
+            "{what}: median {}, 95% CI of the mean {} to {}, {} runs",
             significant(s.median(), 5),
             significant(s.ci95_low(), 5),
             significant(s.ci95_high(), 5),
@@ -153,7 +153,7 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
             title: t.into(),
             x_label: "batch size".into(),
             x_axis: XAxis::Log2,
-            y_label: "tokens/s (median, 95% CI)".into(),
+            y_label: "tokens/s (median; bars: 95% CI of the mean)".into(),
             series: tg.into_iter().map(|(name, points)| Series { name, points }).collect(),
             ceilings: vec![],
         };
@@ -202,7 +202,14 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
             })
         })
         .collect();
-    if !kv_bars.is_empty() {
+    // One precision is a number, not a comparison: the table has it.
+    if kv_bars.len() == 1 {
+        out.not_drawn.push(format!(
+            "KV cache size and quality per precision: one precision ({}); the table has its figures",
+            kv_bars[0].label
+        ));
+    }
+    if kv_bars.len() > 1 {
         let t = "KV cache size per precision (largest batch × context)";
         let chart = BarChart { title: t.into(), y_label: "MiB".into(), bars: kv_bars, ceilings: vec![] };
         out.drawn.push(("kv_bytes.svg".into(), t.into(), chart.to_svg()));
@@ -210,7 +217,7 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
     // Synthetic figures estimate no model's quality: not drawn as if they did.
     let real: Vec<(&String, &bitnet_report::report::Quality)> =
         per_kv.iter().filter_map(|(k, x)| x.quality.as_ref().filter(|q| q.is_real()).map(|q| (k, q))).collect();
-    if let Some((_, q0)) = real.first() {
+    if let Some((_, q0)) = real.first().filter(|_| real.len() > 1) {
         let bars = real
             .iter()
             .map(|(k, q)| Bar {
@@ -263,82 +270,76 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
         out.drawn.push(("stages.svg".into(), t.into(), chart.to_svg()));
     }
 
-    // The bandwidth roofline: each combination's decode read rate, with its interval, against
-    // the bandwidth probed right after its steps (what its roofline % is of: on a shared bus
-    // that probe reads less than the header's best long probe, drawn across the chart).
-    let rate = |x: &BenchResult, per_step: u64, v: f64| per_second(per_step as f64, v, x.config.batch) / 1e9;
-    let rate_ci = |x: &BenchResult, per_step: u64| {
-        let s = &x.decode.tokens_per_sec;
-        (s.n() > 1).then(|| (rate(x, per_step, s.ci95_low()), rate(x, per_step, s.ci95_high())))
-    };
+    // The bandwidth roofline, as the table's roofline column: each combination's median over
+    // its steps of the bytes a step reads ÷ its time ÷ the bandwidth probed right after it. The
+    // ceiling is 100% of that probe; the header's best long probe is another bus level on a
+    // shared machine, so a bar against it would not be the table's figure.
     let roof: Vec<Bar> = r
         .results
         .iter()
         .enumerate()
         .filter_map(|(i, x)| {
             crate::output::roofline_known(x).map(|f| {
-                let bytes = x.decode.bytes_per_step;
-                let gbps = rate(x, bytes, x.decode.tokens_per_sec.median());
-                let probe = crate::output::step_probe_median(x);
+                let probe = crate::output::step_probe_median(x)
+                    .map_or(String::new(), |g| format!(" of the median probe right after its steps, {g:.1} GB/s"));
                 Bar {
                     label: label(i, x),
-                    value: gbps,
-                    ci: rate_ci(x, bytes),
+                    value: f * 100.0,
+                    ci: None,
                     hover: format!(
-                        "{}: {gbps:.2} GB/s read, {:.1}% of the roofline{}",
+                        "{}: {:.1}%{probe} (median of {} steps)",
                         label(i, x),
                         f * 100.0,
-                        probe.map_or(String::new(), |g| format!(" (the median step probe, {g:.1} GB/s)"))
+                        x.decode.step_fractions.len()
                     ),
-                    limit: probe.map(|g| Ceiling {
-                        label: format!("median probe right after its steps: {g:.1} GB/s, what its roofline % is of"),
-                        y: g,
-                    }),
+                    limit: None,
                 }
             })
         })
         .collect();
     if !roof.is_empty() {
-        let t = "Decode read rate against the bandwidth probed after its steps (red) and the best probe (grey)";
-        let probe = r.roofline.probe_bytes.map_or(String::new(), |b| format!(" {}", crate::output::mib(b)));
-        let ceilings = r
-            .roofline
-            .by_threads
-            .iter()
-            .map(|(t, g)| Ceiling { label: format!("best{probe} probe {g:.1} GB/s ({t} threads)"), y: *g })
-            .collect();
-        let chart = BarChart { title: t.into(), y_label: "GB/s".into(), bars: roof, ceilings };
+        let t = "Decode read rate as a share of the bandwidth probed right after each step";
+        let ceilings = vec![Ceiling { label: "100%: the probe's bandwidth".into(), y: 100.0 }];
+        let chart = BarChart { title: t.into(), y_label: "% of read bandwidth".into(), bars: roof, ceilings };
         out.drawn.push(("roofline.svg".into(), t.into(), chart.to_svg()));
     }
 
-    // The compute roofline: multiply-adds per second against the int8 peak.
+    // The compute roofline: multiply-adds per second (with the interval of the tokens/s it
+    // follows), each bar against its own ISA and thread count's int8 peak (red), as the
+    // table's compute column is.
+    let rate = |x: &BenchResult, v: f64| per_second(x.decode.macs_per_step as f64, v, x.config.batch) / 1e9;
     let compute: Vec<Bar> = r
         .results
         .iter()
         .enumerate()
         .filter_map(|(i, x)| {
             x.decode.compute_fraction.map(|f| {
-                let macs = x.decode.macs_per_step;
-                let g = rate(x, macs, x.decode.tokens_per_sec.median());
+                let s = &x.decode.tokens_per_sec;
+                let g = rate(x, s.median());
+                let key = peak_key(&x.config.isa, x.config.threads);
+                let peak = r.roofline.int8_peak_gmacs.get(&key).copied();
                 Bar {
                     label: label(i, x),
                     value: g,
-                    ci: rate_ci(x, macs),
-                    hover: format!("{}: {g:.1} G multiply-adds/s, {:.1}% of the int8 peak", label(i, x), f * 100.0),
-                    limit: None,
+                    ci: (s.n() > 1).then(|| (rate(x, s.ci95_low()), rate(x, s.ci95_high()))),
+                    hover: format!(
+                        "{}: {g:.1} G multiply-adds/s, {:.1}% of the {key} int8 peak",
+                        label(i, x),
+                        f * 100.0
+                    ),
+                    limit: peak.map(|p| Ceiling { label: format!("int8 peak {key}: {p:.0} G/s"), y: p }),
                 }
             })
         })
         .collect();
     if !compute.is_empty() {
-        let t = "Decode multiply-adds against the measured int8 peak";
-        let ceilings = r
-            .roofline
-            .int8_peak_gmacs
-            .iter()
-            .map(|(k, g)| Ceiling { label: format!("int8 peak {k} {g:.0} G/s"), y: *g })
-            .collect();
-        let chart = BarChart { title: t.into(), y_label: "G multiply-adds/s".into(), bars: compute, ceilings };
+        let t = "Decode multiply-adds against the int8 peak of their ISA and threads (red)";
+        let chart = BarChart {
+            title: t.into(),
+            y_label: "G multiply-adds/s (bars: 95% CI of the mean)".into(),
+            bars: compute,
+            ceilings: vec![],
+        };
         out.drawn.push(("compute.svg".into(), t.into(), chart.to_svg()));
     }
     out
