@@ -133,13 +133,13 @@ pub fn mib(bytes: u64) -> String {
     }
 }
 
-/// The compute rooflines: `; int8 peak avx512/1 233.0, avx512/2 466.1 G multiply-adds/s`.
+/// The compute rooflines: `; int8 peak avx512/1 233.0 G multiply-adds/s, avx512/2 466.1 G multiply-adds/s`.
 fn peaks_note(r: &bitnet_report::roofline::Roofline) -> String {
     peaks_text(r).map_or(String::new(), |t| format!("; int8 peak {t}"))
 }
 
 /// The compute rooflines with their probes where there were several:
-/// `avx512/2 466.1 (probes 452.0 → 466.1, 3% apart) G multiply-adds/s`.
+/// `avx512/2 466.1 G multiply-adds/s (probes 452.0 → 466.1, 3% apart)`.
 pub fn peaks_text(r: &bitnet_report::roofline::Roofline) -> Option<String> {
     if r.int8_peak_gmacs.is_empty() {
         return None;
@@ -152,10 +152,10 @@ pub fn peaks_text(r: &bitnet_report::roofline::Roofline) -> Option<String> {
                 let list: Vec<String> = p.iter().map(|g| format!("{g:.1}")).collect();
                 format!(" (probes {}, {:.0}% apart)", list.join(" → "), spread(p) * 100.0)
             });
-            format!("{k} {g:.1}{probes}")
+            format!("{k} {g:.1} G multiply-adds/s{probes}")
         })
         .collect();
-    Some(format!("{} G multiply-adds/s", each.join(", ")))
+    Some(each.join(", "))
 }
 
 /// The probes behind the roofline when there were several: `; probes 27.1 → 30.4`, and a

@@ -13,19 +13,16 @@ use bitnet_report::report::{BenchResult, Report};
 use crate::output;
 use crate::sweep::Traced;
 
-/// The results table's first columns, which say what ran (model … kv); the rest are measured.
-pub const CONFIG_COLUMNS: usize = 7;
-
 /// The results table: one row per combination.
 pub fn results_table(r: &Report) -> Table {
     let columns = vec![
-        Column::label("model", "model name (as in model.name)").filtered(),
-        Column::label("kernel", "kernel family").filtered(),
-        Column::label("isa", "ISA level of the kernels"),
-        Column::count("threads", "threads in all"),
-        Column::count("batch", "sequences decoded in lock-step").filtered(),
-        Column::new("context", "tokens", "prompt tokens prefilled per sequence before decoding"),
-        Column::label("kv", "KV cache precision").filtered(),
+        Column::label("model", "model name (as in model.name)").filtered().hoisted(),
+        Column::label("kernel", "kernel family").filtered().hoisted(),
+        Column::label("isa", "ISA level of the kernels").hoisted(),
+        Column::count("threads", "threads in all").hoisted(),
+        Column::count("batch", "sequences decoded in lock-step").filtered().hoisted(),
+        Column::new("context", "tokens", "prompt tokens prefilled per sequence before decoding").hoisted(),
+        Column::label("kv", "KV cache precision").filtered().hoisted(),
         Column::new("pp", "tokens/s", "prompt tokens per second: median ± half the 95% CI of the mean"),
         Column::new("ttft", "ms", "time to first token: median ± half the 95% CI of the mean"),
         Column::new("tg", "tokens/s", "generated tokens per second: median ± half the 95% CI of the mean"),
@@ -126,11 +123,12 @@ fn about(r: &Report) -> String {
     items.push((
         "build",
         escape(&format!(
-            "{} {}, commit {}{}",
+            "{} {}, commit {}{}{}",
             t.name,
             t.version,
             t.git_commit.as_deref().unwrap_or("unknown"),
-            if t.git_dirty == Some(true) { " with uncommitted changes" } else { "" }
+            if t.git_dirty == Some(true) { " with uncommitted changes" } else { "" },
+            if s.rustc.is_empty() { String::new() } else { format!(", {}", s.rustc) }
         )),
     ));
     items.push(("measured", escape(&format!("{}{}", r.created_at, if r.complete { "" } else { ", INCOMPLETE" }))));
@@ -148,8 +146,22 @@ fn machine(s: &bitnet_report::system::System) -> String {
     if !s.isa.is_empty() {
         parts.push(format!("kernels {}", s.isa.join(", ")));
     }
+    let caches: Vec<String> = [("L1d", s.l1d_kib), ("L2", s.l2_kib), ("L3", s.l3_kib)]
+        .iter()
+        .filter_map(|(n, k)| k.map(|k| format!("{n} {k} KiB")))
+        .collect();
+    if !caches.is_empty() {
+        parts.push(caches.join(" / "));
+    }
+    parts.extend(s.memory_bytes.map(|b| format!("{:.1} GiB RAM", b as f64 / (1u64 << 30) as f64)));
     parts.extend([s.os.clone()].into_iter().filter(|o| !o.is_empty()));
+    parts.extend([s.kernel.clone()].into_iter().filter(|k| !k.is_empty()).map(|k| format!("Linux {k}")));
+    parts.extend(s.governor.as_ref().map(|g| format!("governor {g}")));
+    parts.extend(s.turbo.as_ref().map(|t| format!("turbo {t}")));
     parts.extend(s.transparent_hugepage.as_ref().map(|t| format!("THP {t}")));
+    if s.pinned {
+        parts.push("threads pinned".into());
+    }
     parts.join(", ")
 }
 
@@ -269,6 +281,13 @@ fn write_page(
     }
     body.push_str("<h2>Results</h2>\n");
     let mut table = results_table(r);
+    // Several reports (`show`): each row says which it came from.
+    if sources.iter().any(|s| *s != sources[0]) {
+        table.columns.insert(0, Column::label("report", "the report file (its stem) the row comes from").filtered());
+        for (row, source) in table.rows.iter_mut().zip(sources) {
+            row.insert(0, Cell::text(source));
+        }
+    }
     if traces.iter().any(Option::is_some) {
         table
             .columns
@@ -289,9 +308,9 @@ fn write_page(
     }
     // What every row shares (one model, kernel, thread count...) is said once above the table,
     // which then fits the window better.
-    let shared = table.hoist_constant(CONFIG_COLUMNS);
+    let shared = table.hoist_constant();
     if !shared.is_empty() {
-        let list: Vec<String> = shared.iter().map(|(k, v)| format!("{k} <b>{}</b>", escape(v))).collect();
+        let list: Vec<String> = shared.iter().map(|(k, v)| format!("{} <b>{}</b>", escape(k), escape(v))).collect();
         body.push_str(&format!("<p class=\"shared\">Every row: {}</p>\n", list.join(" · ")));
     }
     body.push_str(&table.to_html());
@@ -316,17 +335,48 @@ fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// `p` as a link from a page in `dir`: relative where both are in one tree, else absolute.
+/// `p` as a link from a page in `dir`: relative where both are in one tree, else absolute;
+/// each segment percent-encoded, so a space, `#` or `%` in a name stays in the link.
 fn relative(p: &Path, dir: &Path) -> String {
-    let abs = |q: &Path| std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
-    let (p, dir) = (abs(p), abs(dir));
+    let (p, dir) = (resolved(p), resolved(dir));
     let common = p.components().zip(dir.components()).take_while(|(a, b)| a == b).count();
+    let segments: Vec<String> =
+        p.components().skip(common).map(|c| url_segment(&c.as_os_str().to_string_lossy())).collect();
     if common == 0 {
-        return p.display().to_string();
+        return format!("/{}", segments.join("/"));
     }
     let ups = dir.components().count() - common;
-    let rest: Vec<String> = p.components().skip(common).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-    std::iter::repeat_n("..".to_string(), ups).chain(rest).collect::<Vec<_>>().join("/")
+    std::iter::repeat_n("..".to_string(), ups).chain(segments).collect::<Vec<_>>().join("/")
+}
+
+/// Where `q` really is: through symlinks and `..` where it exists, else its absolute form with
+/// `.` and `..` resolved by name (`--plots ../out` must not count `..` as a directory to climb).
+fn resolved(q: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(q) {
+        return c;
+    }
+    let abs = std::path::absolute(q).unwrap_or_else(|_| q.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A path segment for a URL: unreserved characters as they are, every other byte as `%XX`.
+fn url_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -338,5 +388,9 @@ mod tests {
         assert_eq!(relative(Path::new("/a/b/r.json"), Path::new("/a/b/plots")), "../r.json");
         assert_eq!(relative(Path::new("/a/b/plots/x.svg"), Path::new("/a/b/plots")), "x.svg");
         assert_eq!(relative(Path::new("/c/r.json"), Path::new("/a/b")), "../../c/r.json");
+        // `..` in the page's directory is climbed by name, not counted as a directory.
+        assert_eq!(relative(Path::new("/a/r.json"), Path::new("/a/b/../plots")), "../r.json");
+        // A space, `#` or `%` in a name is encoded, or the browser would cut the link there.
+        assert_eq!(relative(Path::new("/a/b c/r#1%.json"), Path::new("/a/plots")), "../b%20c/r%231%25.json");
     }
 }

@@ -240,7 +240,7 @@ fn the_header_names_probes_that_moved_and_missing_huge_pages() {
     assert!(!output::warnings(&r).iter().any(|w| w.contains("int8 peak moved")));
     r.roofline.int8_peak_probes.insert("avx512/2".into(), vec![300.0, 400.0]);
     let h = output::header(&r);
-    assert!(h.contains("int8 peak avx512/2 400.0 (probes 300.0 → 400.0, 25% apart) G multiply-adds/s"), "{h}");
+    assert!(h.contains("int8 peak avx512/2 400.0 G multiply-adds/s (probes 300.0 → 400.0, 25% apart)"), "{h}");
     let w = output::warnings(&r);
     assert!(
         w.iter()
@@ -431,6 +431,22 @@ fn charts_and_page_are_written_for_a_report() {
         let svg = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(svg.contains("<svg"), "{f}");
     }
+    // The rooflines as the table's columns: each bar is the result's roofline %, against 100%
+    // of its step probes; each compute bar has its own ISA/threads peak drawn across it.
+    let roof = std::fs::read_to_string(dir.join("roofline.svg")).unwrap();
+    let compute = std::fs::read_to_string(dir.join("compute.svg")).unwrap();
+    for x in &r.results {
+        let pct = format!(": {:.1}% of the median probe", x.decode.roofline_fraction * 100.0);
+        assert!(roof.contains(&pct), "{pct}: {roof}");
+    }
+    assert!(roof.contains(">100%: the probe's bandwidth</text>"), "{roof}");
+    assert_eq!(compute.matches("<title>int8 peak avx512/2: 400 G/s</title>").count(), r.results.len(), "{compute}");
+    // One KV precision: its KV bytes and KL are numbers in the table, not one-bar charts.
+    let mut one_kv = r.clone();
+    one_kv.results.retain(|x| x.config.kv_precision == "f16");
+    let charts = bitnet_bench::plots::charts(&one_kv, &[]);
+    assert!(!charts.drawn.iter().any(|c| c.0 == "kv_bytes.svg" || c.0 == "kv_quality.svg"));
+    assert!(charts.not_drawn.iter().any(|n| n.contains("one precision (f16)")), "{:?}", charts.not_drawn);
     // A line per KV precision, named by it alone: context, kernel and threads are one value.
     let svg = std::fs::read_to_string(dir.join("decode_vs_batch.svg")).unwrap();
     assert!(svg.contains(">KV f16</text>") && svg.contains(">KV int8</text>"), "{svg}");

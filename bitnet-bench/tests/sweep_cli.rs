@@ -247,6 +247,12 @@ fn llama_bench_json_imports_into_a_valid_report() {
     // Two reports: each has its details under its file name, and the series are labelled by
     // report (the file stem), not joined into one line.
     assert!(html.contains(&format!("<h3>{ours}</h3>")) && html.contains(&format!("<h3>{lb}</h3>")), "{html}");
+    // The table says each row's report, and filters by it.
+    let stem = |p: &str| std::path::Path::new(p).file_stem().unwrap().to_string_lossy().into_owned();
+    for (f, rows) in [(ours, 2), (lb, 1)] {
+        assert_eq!(html.matches(&format!("<tr><td>{}</td>", stem(f))).count(), rows, "{html}");
+    }
+    assert!(html.contains("<label>report <select data-col=\"0\">"), "{html}");
     let chart = std::fs::read_to_string(plots.join("latency_vs_context.svg")).unwrap();
     // What an imported run does not know is left out or said, not printed as zeros.
     assert!(!html.contains("0 cores / 0 CPUs") && html.contains("<dt>read bandwidth</dt><dd>not measured</dd>"));

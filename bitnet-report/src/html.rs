@@ -81,23 +81,44 @@ pub struct Column {
     pub help: String,
     pub numeric: bool,
     pub filter: bool,
+    /// Said once above the table when every row has the same value ([`Table::hoist_constant`]).
+    pub hoist: bool,
 }
 
 impl Column {
     pub fn new(name: &str, unit: &str, help: &str) -> Column {
-        Column { name: name.into(), unit: unit.into(), help: help.into(), numeric: !unit.is_empty(), filter: false }
+        Column {
+            name: name.into(),
+            unit: unit.into(),
+            help: help.into(),
+            numeric: !unit.is_empty(),
+            filter: false,
+            hoist: false,
+        }
     }
     /// A column of counts (threads, batch): numeric, without a unit.
     pub fn count(name: &str, help: &str) -> Column {
-        Column { name: name.into(), unit: String::new(), help: help.into(), numeric: true, filter: false }
+        Column { name: name.into(), unit: String::new(), help: help.into(), numeric: true, filter: false, hoist: false }
     }
     /// A column of labels, sorted as text.
     pub fn label(name: &str, help: &str) -> Column {
-        Column { name: name.into(), unit: String::new(), help: help.into(), numeric: false, filter: false }
+        Column {
+            name: name.into(),
+            unit: String::new(),
+            help: help.into(),
+            numeric: false,
+            filter: false,
+            hoist: false,
+        }
     }
     /// Offers a filter by this column's values.
     pub fn filtered(mut self) -> Column {
         self.filter = true;
+        self
+    }
+    /// Said once above the table instead when every row has the same value.
+    pub fn hoisted(mut self) -> Column {
+        self.hoist = true;
         self
     }
 }
@@ -112,15 +133,15 @@ pub struct Table {
 }
 
 impl Table {
-    /// Takes out the columns among the first `among` whose cells all read the same (with more
-    /// than one row), returning each one's name and text, so that a page can say them once
-    /// above the table instead of repeating them on every row.
-    pub fn hoist_constant(&mut self, among: usize) -> Vec<(String, String)> {
+    /// Takes out the [`Column::hoisted`] columns whose cells all read the same (with more than
+    /// one row), returning each one's name and text, so that a page can say them once above
+    /// the table instead of repeating them on every row.
+    pub fn hoist_constant(&mut self) -> Vec<(String, String)> {
         let same = |i: usize| {
             self.rows.len() > 1
                 && self.rows.iter().all(|r| r.get(i).map(|c| &c.text) == self.rows[0].get(i).map(|c| &c.text))
         };
-        let hoisted: Vec<usize> = (0..among.min(self.columns.len())).filter(|&i| same(i)).collect();
+        let hoisted: Vec<usize> = (0..self.columns.len()).filter(|&i| self.columns[i].hoist && same(i)).collect();
         let out = hoisted.iter().map(|&i| (self.columns[i].name.clone(), self.rows[0][i].text.clone())).collect();
         for &i in hoisted.iter().rev() {
             self.columns.remove(i);
@@ -298,9 +319,9 @@ mod tests {
         let mut t = Table {
             id: "t".into(),
             columns: vec![
-                Column::label("model", ""),
-                Column::count("batch", ""),
-                Column::label("kv", ""),
+                Column::label("model", "").hoisted(),
+                Column::count("batch", "").hoisted(),
+                Column::label("kv", "").hoisted(),
                 Column::new("tg", "t/s", ""),
             ],
             rows: [("1", "f16", "10"), ("4", "f16", "20"), ("1", "f16", "10")]
@@ -308,12 +329,12 @@ mod tests {
                 .map(|(b, kv, tg)| vec![Cell::text("m"), Cell::text(*b), Cell::text(*kv), Cell::number(1.0, *tg)])
                 .collect(),
         };
-        // tg is constant in two rows only, and outside `among` anyway.
-        assert_eq!(t.hoist_constant(3), vec![("model".into(), "m".into()), ("kv".into(), "f16".into())]);
+        // tg is the same in two rows only, and not a hoisted column anyway.
+        assert_eq!(t.hoist_constant(), vec![("model".into(), "m".into()), ("kv".into(), "f16".into())]);
         assert_eq!(t.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["batch", "tg"]);
         assert_eq!(t.rows[1].iter().map(|c| c.text.as_str()).collect::<Vec<_>>(), ["4", "20"]);
         // One row: nothing is hoisted (the row itself says it).
         let mut one = Table { id: "o".into(), columns: t.columns.clone(), rows: vec![t.rows[0].clone()] };
-        assert!(one.hoist_constant(2).is_empty() && one.columns.len() == 2);
+        assert!(one.hoist_constant().is_empty() && one.columns.len() == 2);
     }
 }
