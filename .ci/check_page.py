@@ -6,8 +6,9 @@ Usage: check_page.py PAGE.html OUTDIR NAME TABLE SORT_COLUMN FILTER_COLUMN [REPO
 
 - no console errors (uncaught exceptions or console.error) on any load;
 - the table's cells after the page's script ran are the ones the page was written with (the
-  script only reorders and hides rows); with REPORT.json, each row's tg sort key is the
-  report's decode median;
+  script only reorders and hides rows); with REPORT.json, each row's pp, ttft and tg sort key
+  is the report's median and the figure shown is it rounded, and a batch or context axis with
+  several values is charted on log₂ with a tick at each value;
 - `#sort=TABLE:COL:desc` (COL by name and by index) orders the rows by SORT_COLUMN, descending;
 - `#filter=COL:VALUE` hides exactly the rows whose FILTER_COLUMN cell differs;
 - every chart has labelled ticks (text in its SVG);
@@ -24,6 +25,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -50,8 +52,8 @@ class Tables(html.parser.HTMLParser):
     def __init__(self, table):
         super().__init__()
         self.table = table
-        self.rows, self.svg_texts = [], []
-        self.in_table = self.in_cell = self.in_svg = False
+        self.rows, self.svg_texts, self.svg_words = [], [], []
+        self.in_table = self.in_cell = self.in_svg = self.in_text = False
         self.row = None
 
     def handle_starttag(self, tag, attrs):
@@ -67,8 +69,11 @@ class Tables(html.parser.HTMLParser):
         elif tag == "svg":
             self.in_svg = True
             self.svg_texts.append(0)
+            self.svg_words.append([])
         elif tag == "text" and self.in_svg:
             self.svg_texts[-1] += 1
+            self.in_text = True
+            self.svg_words[-1].append("")
 
     def handle_endtag(self, tag):
         if tag == "table":
@@ -81,10 +86,14 @@ class Tables(html.parser.HTMLParser):
             self.row = None
         elif tag == "svg":
             self.in_svg = False
+        elif tag == "text":
+            self.in_text = False
 
     def handle_data(self, data):
         if self.in_cell and self.row is not None:
             self.row["cells"][-1] += data
+        if self.in_text and self.svg_words:
+            self.svg_words[-1][-1] += data
 
 
 TABLE = "results"
@@ -115,11 +124,26 @@ def main():
     if sorted(map(lambda r: r["cells"], loaded.rows)) != sorted(map(lambda r: r["cells"], written.rows)):
         failures.append("the table's cells after the script ran differ from the written ones")
     if report is not None:
-        tg = names.index("tg")
-        medians = sorted(r["decode"]["tokens_per_sec"]["median"] for r in report["results"])
-        keys = sorted(float(r["keys"][tg]) for r in loaded.rows)
-        if len(keys) != len(medians) or any(abs(k - m) > 1e-9 * abs(m) for k, m in zip(keys, medians)):
-            failures.append(f"tg sort keys {keys} are not the report's medians {medians}")
+        # Each statistic's sort key is the report's median, and the figure shown is that median
+        # rounded (to the decimals it is written with).
+        for col_name, get in [("pp", lambda r: r["prefill"]["tokens_per_sec"]), ("ttft", lambda r: r["prefill"]["ttft_ms"]),
+                              ("tg", lambda r: r["decode"]["tokens_per_sec"])]:
+            c = names.index(col_name)
+            medians = sorted(get(r)["median"] for r in report["results"])
+            keys = sorted(float(r["keys"][c]) for r in loaded.rows)
+            if len(keys) != len(medians) or any(abs(k - m) > 1e-9 * abs(m) for k, m in zip(keys, medians)):
+                failures.append(f"{col_name} sort keys {keys} are not the report's medians {medians}")
+            for r in loaded.rows:
+                shown = r["cells"][c].split(" ± ")[0]
+                decimals = len(shown.split(".")[1]) if "." in shown else 0
+                if abs(float(shown) - float(r["keys"][c])) > 0.5 * 10 ** -decimals + 1e-9:
+                    failures.append(f"{col_name} shows {shown} for the median {r['keys'][c]}")
+        # A batch or context axis with several values is drawn on log₂ with a tick at each.
+        for what, label in [("batch", "batch size (log₂ scale)"), ("context_length", "context length (log₂ scale)")]:
+            values = sorted({r["config"][what] for r in report["results"]})
+            charts = [w for w in loaded.svg_words if label in w]
+            if len(values) > 1 and (not charts or any(str(v) not in charts[0] for v in values)):
+                failures.append(f"no chart of {what} on log₂ with a tick at each of {values}")
     if any(n < 3 for n in loaded.svg_texts):
         failures.append(f"a chart without labelled ticks (text elements per chart: {loaded.svg_texts})")
 
@@ -138,9 +162,10 @@ def main():
     if wrong or not rows:
         failures.append(f"#filter={filter_name}:{value} showed or hid the wrong rows ({wrong})")
 
-    hrefs = [h.split('"', 1)[0] for h in text.split('href="')[1:]]
+    # As a browser resolves them: entities, then percent-encoding.
+    hrefs = [urllib.parse.unquote(html.unescape(h.split('"', 1)[0])) for h in text.split('href="')[1:]]
     local = [h for h in hrefs if "://" not in h and not h.startswith("#")]
-    missing = [h for h in local if not (page.parent / html.unescape(h)).is_file()]
+    missing = [h for h in local if not (page.parent / h).is_file()]
     if missing:
         failures.append(f"links to missing files: {missing}")
 

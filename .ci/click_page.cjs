@@ -11,6 +11,7 @@
 // - every chart mark a reader can point at (bars, points) has its hover text (an SVG <title>).
 // Exit 1 with what failed; 0 when every check holds.
 const path = require("path");
+const url = require("url");
 const { execSync } = require("child_process");
 
 const [modules, page, table, sortName, filterName] = process.argv.slice(2);
@@ -27,7 +28,7 @@ async function main() {
   const errors = [];
   tab.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
   tab.on("pageerror", (e) => errors.push(String(e)));
-  await tab.goto("file://" + path.resolve(page));
+  await tab.goto(url.pathToFileURL(path.resolve(page)).href);
 
   const names = await tab.$$eval(`#${table} thead th`, (ths) => ths.map((th) => th.firstChild.textContent.trim()));
   const col = names.indexOf(sortName);
