@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use bitnet_report::html::significant;
 use bitnet_report::report::{BenchResult, Report};
 use bitnet_report::roofline::{peak_key, per_second};
 use bitnet_report::svg::{Bar, BarChart, Ceiling, LineChart, Point, Series, Stack, StackedBarChart, XAxis};
@@ -39,7 +38,7 @@ fn latency_series(r: &Report, sources: &[String]) -> Option<(String, Vec<Series>
             [source, c.model.clone(), c.kernel.clone(), format!("t{}", c.threads), format!("KV {}", c.kv_precision)]
         })
         .collect();
-    let varies: [bool; 5] = std::array::from_fn(|i| parts.iter().any(|p| p[i] != parts[0][i]));
+    let varies = varying(&parts);
     let at_b: Vec<&BenchResult> = at_b.into_iter().map(|(_, x)| x).collect();
     let mut lat: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     for (x, p) in at_b.iter().zip(&parts) {
@@ -69,6 +68,11 @@ fn latency_series(r: &Report, sources: &[String]) -> Option<(String, Vec<Series>
     Some((t, lat.into_iter().map(|(name, points)| Series { name, points }).collect()))
 }
 
+/// Which of the parts of the runs' descriptions differ between them: those name their lines.
+fn varying<const N: usize>(parts: &[[String; N]]) -> [bool; N] {
+    std::array::from_fn(|k| parts.iter().any(|p| p[k] != parts[0][k]))
+}
+
 /// The charts of a report, and a sentence for each one left out because its axis has one value
 /// (the table holds that number) or it has nothing to draw.
 pub struct Charts {
@@ -82,22 +86,6 @@ fn distinct(v: impl Iterator<Item = usize>) -> Vec<usize> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-/// A point of a [`Stat`](bitnet_report::Stat) at `x`: its median, its 95% interval, its values on hover.
-fn stat_point(x: f64, s: &bitnet_report::Stat, what: &str) -> Point {
-    Point {
-        x,
-        y: s.median(),
-        ci: (s.n() > 1).then(|| (s.ci95_low(), s.ci95_high())),
-        hover: format!(
-            "{what}: median {}, 95% CI of the mean {} to {}, {} runs",
-            significant(s.median(), 5),
-            significant(s.ci95_low(), 5),
-            significant(s.ci95_high(), 5),
-            s.n()
-        ),
-    }
 }
 
 /// Every chart of the report. `sources` names the report each result came from (`show` of
@@ -140,13 +128,13 @@ pub fn charts(r: &Report, sources: &[String]) -> Charts {
                 ]
             })
             .collect();
-        let varies: [bool; 4] = std::array::from_fn(|k| parts.iter().any(|p| p[k] != parts[0][k]));
+        let varies = varying(&parts);
         let mut tg: BTreeMap<String, Vec<Point>> = BTreeMap::new();
         for (i, (x, p)) in r.results.iter().zip(&parts).enumerate() {
             let named: Vec<&str> = p.iter().zip(varies).filter(|(_, v)| *v).map(|(s, _)| s.as_str()).collect();
             let key = format!("{}{}", who[i], if named.is_empty() { p[0].clone() } else { named.join(" ") });
             let what = format!("{}{}, batch {}", who[i], p.join(" "), x.config.batch);
-            tg.entry(key).or_default().push(stat_point(x.config.batch as f64, &x.decode.tokens_per_sec, &what));
+            tg.entry(key).or_default().push(Point::of_stat(x.config.batch as f64, &x.decode.tokens_per_sec, &what));
         }
         let t = "Decode tokens/s vs batch size";
         let chart = LineChart {

@@ -229,7 +229,6 @@ mod stored {
     use anyhow::{bail, Context, Result};
     use bitnet_diff::compare;
     use bitnet_report::files::write_atomic;
-    use bitnet_report::html::significant;
     use bitnet_report::stats::Stat;
     use bitnet_report::svg::{LineChart, Point, Series, XAxis};
 
@@ -271,17 +270,8 @@ mod stored {
                     c.model, c.kernel, c.isa, c.batch, c.context_length, c.kv_precision, c.threads
                 );
                 println!("| {} | {} | {commit} | {cfg} | {med:.4} |", r.id, r.report.created_at);
-                let hover = format!(
-                    "run {} ({commit}, {}): {cfg}: median {}, 95% CI {} to {}, {} samples",
-                    r.id,
-                    r.report.created_at,
-                    significant(med, 5),
-                    significant(stat.ci95_low(), 5),
-                    significant(stat.ci95_high(), 5),
-                    stat.n()
-                );
-                let ci = (stat.n() > 1).then(|| (stat.ci95_low(), stat.ci95_high()));
-                series.entry(cfg).or_default().push(Point { x: i as f64, y: med, ci, hover });
+                let what = format!("run {} ({commit}, {}): {cfg}", r.id, r.report.created_at);
+                series.entry(cfg).or_default().push(Point::of_stat(i as f64, &stat, &what));
             }
         }
         if let Some(p) = plot {

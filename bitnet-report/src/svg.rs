@@ -7,6 +7,7 @@
 use std::fmt::Write;
 
 use crate::html::{escape, significant};
+use crate::stats::Stat;
 
 const W: f64 = 760.0;
 const H: f64 = 420.0;
@@ -29,6 +30,25 @@ pub struct Point {
     pub y: f64,
     pub ci: Option<(f64, f64)>,
     pub hover: String,
+}
+
+impl Point {
+    /// A statistic at `x`: its median, the 95% interval of its mean (none from one sample),
+    /// and on hover `what` with those figures and the sample count.
+    pub fn of_stat(x: f64, s: &Stat, what: &str) -> Point {
+        Point {
+            x,
+            y: s.median(),
+            ci: (s.n() > 1).then(|| (s.ci95_low(), s.ci95_high())),
+            hover: format!(
+                "{what}: median {}, 95% CI of the mean {} to {}, {} samples",
+                significant(s.median(), 5),
+                significant(s.ci95_low(), 5),
+                significant(s.ci95_high(), 5),
+                s.n()
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +97,29 @@ pub fn nice_ticks(top: f64) -> Vec<f64> {
     let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
     let n = (top * (1.0 - 1e-6) / step).ceil() as usize;
     (0..=n).map(|i| i as f64 * step).collect()
+}
+
+/// About the width of a character of the charts' 12 px sans-serif text: what decides whether a
+/// label fits its slot or a legend its margin (no font metrics in an SVG written blind).
+const CHAR_W: f64 = 6.5;
+
+fn text_width(chars: usize) -> f64 {
+    CHAR_W * chars as f64
+}
+
+/// Room below the axis for labels of up to `longest` characters slanted by 30° (sin 30° = ½).
+fn slant_room(longest: Option<usize>) -> f64 {
+    longest.map_or(0.0, |c| text_width(c) * 0.5)
+}
+
+/// An error bar from `lo` to `hi` (pixel rows) at column `x`, with 8 px caps.
+fn error_bar(o: &mut String, x: f64, lo: f64, hi: f64, color: &str) {
+    let _ = write!(
+        o,
+        "<path d=\"M{x:.1},{lo:.1}V{hi:.1}M{:.1},{lo:.1}h8M{:.1},{hi:.1}h8\" stroke=\"{color}\" fill=\"none\"/>",
+        x - 4.0,
+        x - 4.0
+    );
 }
 
 /// A tick's number as short as it is exact (`0.5`, `250`, `0.02`).
@@ -140,11 +183,11 @@ impl LineChart {
         };
         // Names wider than their spacing are slanted, and the canvas grows below to hold them.
         let spacing = (W - R - L - 40.0) / (xs.len().max(2) - 1) as f64;
-        let slant = xs.iter().map(|v| tick(*v).chars().count()).max().filter(|c| 6.5 * *c as f64 > spacing);
-        let height = H + slant.map_or(0.0, |c| 6.5 * c as f64 * 0.5);
+        let slant = xs.iter().map(|v| tick(*v).chars().count()).max().filter(|c| text_width(*c) > spacing);
+        let height = H + slant_room(slant);
         // The canvas grows to the right to hold the longest series name in the legend.
         let longest = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
-        frame(&mut o, &self.title, (W - R + 34.0 + 6.5 * longest as f64).max(W), height);
+        frame(&mut o, &self.title, (W - R + 34.0 + text_width(longest)).max(W), height);
         let top = self
             .series
             .iter()
@@ -198,13 +241,7 @@ impl LineChart {
             for p in &pts {
                 let (px, py) = (x(p.x), y(p.y));
                 if let Some((clo, chi)) = p.ci {
-                    let (a, b) = (y(clo), y(chi));
-                    let _ = write!(
-                        o,
-                        "<path d=\"M{px:.1},{a:.1}V{b:.1}M{:.1},{a:.1}h8M{:.1},{b:.1}h8\" stroke=\"{color}\" fill=\"none\"/>",
-                        px - 4.0,
-                        px - 4.0
-                    );
+                    error_bar(&mut o, px, y(clo), y(chi), color);
                 }
                 let _ = write!(
                     o,
@@ -271,9 +308,9 @@ fn bar_axes<'a>(
     let n = labels.clone().count().max(1) as f64;
     let right = (L + 30.0 + 90.0 * n).max(W - R + 40.0) - 20.0;
     let slot = (right - L) / n;
-    let slanted = |label: &str| 6.5 * label.chars().count() as f64 > slot;
+    let slanted = |label: &str| text_width(label.chars().count()) > slot;
     let longest = labels.clone().filter(|l| slanted(l)).map(|l| l.chars().count()).max();
-    let height = H + longest.map_or(0.0, |c| 6.5 * c as f64 * 0.5);
+    let height = H + slant_room(longest);
     frame(o, title, right + 20.0 + legend, height);
     let y = y_axis(o, y_label, top, right);
     for (i, label) in labels.enumerate() {
@@ -330,13 +367,7 @@ impl BarChart {
                 escape(&b.hover)
             );
             if let Some((clo, chi)) = b.ci {
-                let (cx, a, c) = (bx + bw / 2.0, y(clo), y(chi));
-                let _ = write!(
-                    o,
-                    "<path d=\"M{cx:.1},{a:.1}V{c:.1}M{:.1},{a:.1}h8M{:.1},{c:.1}h8\" stroke=\"#222\" fill=\"none\"/>",
-                    cx - 4.0,
-                    cx - 4.0
-                );
+                error_bar(&mut o, bx + bw / 2.0, y(clo), y(chi), "#222");
             }
             // The value above the bar and its error bar.
             let _ = write!(
@@ -391,7 +422,7 @@ impl StackedBarChart {
         let top = self.bars.iter().map(|b| b.values.iter().sum::<f64>()).fold(0f64, f64::max);
         let longest = self.parts.iter().map(|p| p.chars().count()).max().unwrap_or(0);
         let labels = self.bars.iter().map(|b| b.label.as_str());
-        let legend_width = 34.0 + 6.5 * longest as f64;
+        let legend_width = 34.0 + text_width(longest);
         // No headroom: shares that sum to 100 get an axis that ends at 100.
         let (slot, right, y) = bar_axes(&mut o, &self.title, &self.y_label, labels, top, legend_width);
         for (i, b) in self.bars.iter().enumerate() {
